@@ -1,0 +1,46 @@
+"""Builds torchsparse_pp._C from csrc/: the CPU kernels always, CUDA kernels when possible.
+
+CUDA sources are compiled when torch was built with CUDA and nvcc is found, or when FORCE_CUDA=1.
+Metadata lives in pyproject.toml; this file only describes the extension.
+"""
+import glob
+import os
+
+from setuptools import setup
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+import torch
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _sources(pattern):
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True))
+
+
+def _build_cuda():
+    if os.environ.get("FORCE_CUDA", "0") == "1":
+        return True
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def _extension():
+    cpp_sources = _sources("csrc/*.cpp") + _sources("csrc/cpu/**/*.cpp")
+    cxx_flags = ["-O3", "-fopenmp"]
+    link_flags = ["-fopenmp"]
+    if _build_cuda():
+        cuda_sources = _sources("csrc/cuda/**/*.cu")
+        return CUDAExtension(
+            "torchsparse_pp._C",
+            cpp_sources + cuda_sources,
+            extra_compile_args={"cxx": cxx_flags + ["-DTSPP_WITH_CUDA"], "nvcc": ["-O3", "-DTSPP_WITH_CUDA"]},
+            extra_link_args=link_flags,
+        )
+    return CppExtension("torchsparse_pp._C", cpp_sources, extra_compile_args={"cxx": cxx_flags},
+                        extra_link_args=link_flags)
+
+
+setup(
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

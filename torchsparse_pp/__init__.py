@@ -1,0 +1,11 @@
+"""torchsparse_pp: sparse convolution on point clouds for PyTorch.
+
+Importing the package loads the CPU operator library; it never initialises CUDA.
+"""
+from .version import __version__
+from . import ops  # noqa: F401  (registers torch.ops.torchsparse_pp.*)
+from .tensor import SparseTensor
+from .operators import cat
+from . import nn, utils  # noqa: E402
+
+__all__ = ["SparseTensor", "cat", "nn", "utils", "__version__"]

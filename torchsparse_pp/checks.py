@@ -1,0 +1,64 @@
+"""Argument checks that turn bad user input into clear exceptions before any kernel runs."""
+from typing import Optional, Sequence
+
+import torch
+
+from .kmap.geometry import Triple, triple
+
+BATCH_MAX = (1 << 15) - 1
+SPATIAL_MIN = -(1 << 15)
+SPATIAL_MAX = (1 << 15) - 1
+COORD_RANGE_TEXT = f"batch in [0, {BATCH_MAX}], x/y/z in [{SPATIAL_MIN}, {SPATIAL_MAX}]"
+
+
+def check_coords(coords: torch.Tensor, spatial_range: Optional[Triple] = None) -> None:
+    if not isinstance(coords, torch.Tensor):
+        raise TypeError(f"coords must be a torch.Tensor, got {type(coords).__name__}")
+    if coords.dtype != torch.int32:
+        hint = (" (quantize points first, e.g. torchsparse_pp.utils.sparse_quantize)"
+                if coords.is_floating_point() else " (convert with .int() once values are in range)")
+        raise TypeError(f"coords must be int32 (batch, x, y, z), got {coords.dtype}{hint}")
+    if coords.dim() != 2 or coords.shape[1] != 4:
+        raise ValueError(f"coords must have shape [N, 4] (batch, x, y, z), got {list(coords.shape)}")
+    if coords.shape[0] == 0:
+        raise ValueError("coords are empty: a SparseTensor needs at least one point")
+    if coords.device.type == "meta":
+        return
+    lo = coords.amin(0).tolist()
+    hi = coords.amax(0).tolist()
+    if lo[0] < 0 or hi[0] > BATCH_MAX or min(lo[1:]) < SPATIAL_MIN or max(hi[1:]) > SPATIAL_MAX:
+        raise ValueError(f"coords span batch [{lo[0]}, {hi[0]}], x [{lo[1]}, {hi[1]}], y [{lo[2]}, "
+                         f"{hi[2]}], z [{lo[3]}, {hi[3]}]; the supported range is {COORD_RANGE_TEXT}")
+    if spatial_range is not None:
+        if min(lo[1:]) < 0 or any(h >= r for h, r in zip(hi[1:], spatial_range)):
+            raise ValueError(f"coords span x [{lo[1]}, {hi[1]}], y [{lo[2]}, {hi[2]}], z [{lo[3]}, {hi[3]}], "
+                             f"outside spatial_range {tuple(spatial_range)} (each axis must lie in [0, size))")
+
+
+def check_feats(feats: torch.Tensor, num_points: Optional[int] = None) -> None:
+    if not isinstance(feats, torch.Tensor):
+        raise TypeError(f"feats must be a torch.Tensor, got {type(feats).__name__}")
+    if not feats.is_floating_point():
+        raise TypeError(f"feats must be a floating-point tensor, got {feats.dtype}")
+    if feats.dim() != 2:
+        raise ValueError(f"feats must have shape [N, C], got {list(feats.shape)}"
+                         + (" (use feats[:, None] for one channel)" if feats.dim() == 1 else ""))
+    if num_points is not None and feats.shape[0] != num_points:
+        raise ValueError(f"feats have {feats.shape[0]} rows but coords have {num_points}: "
+                         "they must describe the same points")
+    if feats.shape[1] == 0:
+        raise ValueError("feats have zero channels")
+    if feats.device.type != "meta" and not bool(torch.isfinite(feats).all()):
+        raise ValueError("feats contain NaN or Inf values")
+
+
+def check_same_device(feats: torch.Tensor, coords: torch.Tensor) -> None:
+    if feats.device != coords.device:
+        raise ValueError(f"feats are on {feats.device} but coords are on {coords.device}; "
+                         "move both to one device")
+
+
+def check_spatial_range(spatial_range: Optional[Sequence[int]]) -> Optional[Triple]:
+    if spatial_range is None:
+        return None
+    return triple(spatial_range, "spatial_range", 1)

@@ -1,0 +1,2 @@
+"""nn"""
+from . import functional

@@ -1,0 +1,126 @@
+"""Sparse 3-D convolution: argument checks, kernel-map selection and dataflow dispatch.
+
+Output q reads input p = q*s - pad + delta*d through weight row delta (see kernel_offsets);
+the variants differ only in the output set Q (see docs/semantics.md).
+"""
+from typing import Optional
+
+import torch
+
+from ...kmap import (ConvGeometry, KernelMap, generative_map, strided_map, submanifold_map,
+                     transposed_source_map)
+from ...kmap.geometry import IntOr3
+from ...tensor import SparseTensor
+from .config import ConvConfig, check_config
+from .gather_scatter import GatherScatterConv
+
+SUPPORTED_DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16)}
+
+
+def _check_operands(input: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                    geometry: ConvGeometry):
+    if not isinstance(input, SparseTensor):
+        raise TypeError(f"input must be a SparseTensor, got {type(input).__name__}")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 3:
+        raise ValueError("weight must be a [K, C_in, C_out] tensor, got "
+                         f"{list(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    if weight.shape[0] != geometry.volume:
+        raise ValueError(f"weight has {weight.shape[0]} kernel offsets but kernel_size "
+                         f"{geometry.kernel_size} has {geometry.volume}")
+    if weight.shape[1] != input.num_channels:
+        raise ValueError(f"channel mismatch: the input has {input.num_channels} channels but the "
+                         f"weight expects {weight.shape[1]}")
+    if weight.device != input.device:
+        raise ValueError(f"weight is on {weight.device} but the input is on {input.device}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[2]):
+        raise ValueError(f"bias must have shape [{weight.shape[2]}], got {list(bias.shape)}")
+
+
+def _cast_operands(feats: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
+    device_type = feats.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        feats, weight = feats.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+    supported = SUPPORTED_DTYPES.get(device_type, ())
+    if feats.dtype not in supported:
+        raise TypeError(f"sparse conv on {device_type} supports {[str(d) for d in supported]}, "
+                        f"got {feats.dtype}")
+    if weight.dtype != feats.dtype:
+        raise TypeError(f"weight dtype {weight.dtype} does not match input dtype {feats.dtype}")
+    return feats, weight, bias
+
+
+# Autograd functions of the implemented dataflows; check_config admits only these.
+_DATAFLOW_FUNCTIONS = {"gather_scatter": GatherScatterConv}
+
+
+def _run(config: ConvConfig, feats, weight, kmap: KernelMap, transposed: bool) -> torch.Tensor:
+    pairs = kmap.pairs
+    src, dst = (pairs.out_idx, pairs.in_idx) if transposed else (pairs.in_idx, pairs.out_idx)
+    num_dst = kmap.num_in if transposed else kmap.num_out
+    function = _DATAFLOW_FUNCTIONS[config.dataflow]
+    return function.apply(feats, weight, src, dst, pairs.offsets, pairs.identity, num_dst)
+
+
+def _finer_stride(input: SparseTensor, geometry: ConvGeometry):
+    if any(t % s for t, s in zip(input.s, geometry.stride)):
+        raise ValueError(f"a transposed conv with stride {geometry.stride} on a tensor at stride "
+                         f"{input.s} would make the tensor stride fractional")
+    return tuple(t // s for t, s in zip(input.s, geometry.stride))
+
+
+def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size: IntOr3,
+           bias: Optional[torch.Tensor] = None, stride: IntOr3 = 1, dilation: IntOr3 = 1,
+           padding: Optional[IntOr3] = None, transposed: bool = False, generative: bool = False,
+           downsample_mode: str = "spconv", config: Optional[ConvConfig] = None) -> SparseTensor:
+    """Sparse convolution of ``input`` with ``weight [K, C_in, C_out]``.
+
+    - stride 1: submanifold, outputs on the input coordinates;
+    - stride > 1: strided, output set by ``downsample_mode`` ('spconv' or 'minkowski');
+    - ``transposed``: the exact transpose of the strided conv with the same geometry that made
+      ``input``'s coordinates; outputs on the finer coordinates it came from;
+    - ``transposed`` and ``generative``: outputs on every site conv_transpose3d writes.
+
+    ``padding=None`` centres odd kernels (d*(k-1)/2) and uses 0 for even ones.
+    """
+    geometry = ConvGeometry.make(kernel_size, stride, dilation, padding)
+    if generative and not transposed:
+        raise ValueError("generative=True needs transposed=True (it is a generative transposed conv)")
+    _check_operands(input, weight, bias, geometry)
+    config = check_config(config, input.device.type)
+    feats, weight, bias = _cast_operands(input.F, weight, bias)
+    cache, coords = input.cache, input.C
+    stride_out, range_out = input.s, input.spatial_range
+
+    if geometry.is_pointwise:
+        out = feats @ weight[0]  # every output reads only its own row: no map needed
+    elif not transposed:
+        if geometry.is_unit_stride:
+            kmap = submanifold_map(cache, coords, geometry, input.spatial_range)
+        else:
+            kmap = strided_map(cache, coords, geometry, downsample_mode, input.spatial_range)
+            stride_out = tuple(t * s for t, s in zip(input.s, geometry.stride))
+        out = _run(config, feats, weight, kmap, transposed=False)
+        coords, range_out = kmap.out_coords, kmap.out_range
+    else:
+        stride_out = _finer_stride(input, geometry)
+        if generative:
+            kmap = generative_map(cache, coords, geometry, input.spatial_range)
+        elif geometry.is_unit_stride:
+            kmap = submanifold_map(cache, coords, geometry, input.spatial_range)
+        else:
+            kmap = transposed_source_map(cache, coords, geometry)
+            if kmap is None:
+                raise ValueError(
+                    f"transposed conv (kernel_size={geometry.kernel_size}, stride={geometry.stride}, "
+                    f"dilation={geometry.dilation}, padding={geometry.padding}) on a tensor at stride "
+                    f"{input.s} has no matching strided conv: no conv with this geometry produced these "
+                    "coordinates in this network pass. Run the matching strided conv first, or use "
+                    "generative=True to create new coordinates.")
+        out = _run(config, feats, weight, kmap, transposed=True)
+        coords, range_out = kmap.in_coords, kmap.in_range
+
+    if bias is not None:
+        out = out + bias
+    return SparseTensor._derive(out, coords, stride_out, range_out, cache)
