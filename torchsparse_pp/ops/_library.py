@@ -1,5 +1,7 @@
 """Loads the compiled operator library, which registers torch.ops.torchsparse_pp.*."""
 
+import torch  # noqa: F401  (loads libc10/libtorch, which _C links against)
+
 
 def load_library() -> None:
     try:

@@ -1,0 +1,99 @@
+"""Conv3d module."""
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from ...kmap import DOWNSAMPLE_MODES, ConvGeometry
+from ...kmap.geometry import IntOr3
+from ...tensor import SparseTensor
+from .. import functional as F
+from ..functional.config import ConvConfig
+
+
+class Conv3d(nn.Module):
+    """Sparse 3-D convolution with weight ``kernel [K, C_in, C_out]`` for every kernel size.
+
+    stride 1 is submanifold (outputs on the input coordinates); stride > 1 is strided with the
+    output set of ``downsample_mode`` ('spconv' or 'minkowski'); ``transposed`` inverts the
+    strided conv of the same geometry that made the input's coordinates; ``generative`` (with
+    ``transposed``) creates every site conv_transpose3d writes. ``padding=None`` centres odd
+    kernels. A 1x1x1 stride-1 conv is one dense GEMM and needs no kernel map.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOr3 = 3,
+                 stride: IntOr3 = 1, padding: Optional[IntOr3] = None, dilation: IntOr3 = 1,
+                 bias: bool = False, transposed: bool = False, generative: bool = False,
+                 downsample_mode: str = "spconv", config: Optional[ConvConfig] = None):
+        super().__init__()
+        if in_channels < 1 or out_channels < 1:
+            raise ValueError(f"channel counts must be positive, got {in_channels} -> {out_channels}")
+        if generative and not transposed:
+            raise ValueError("generative=True needs transposed=True")
+        if downsample_mode not in DOWNSAMPLE_MODES:
+            raise ValueError(f"downsample_mode must be one of {DOWNSAMPLE_MODES}, got {downsample_mode!r}")
+        self.geometry = ConvGeometry.make(kernel_size, stride, dilation, padding)
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.transposed, self.generative = transposed, generative
+        self.downsample_mode = downsample_mode
+        self.config = config
+        self.kernel = nn.Parameter(torch.empty(self.geometry.volume, in_channels, out_channels))
+        self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
+        self.reset_parameters()
+
+    @property
+    def config(self) -> Optional[ConvConfig]:
+        return self._config
+
+    @config.setter
+    def config(self, value: Optional[ConvConfig]) -> None:
+        if value is not None and not isinstance(value, ConvConfig):
+            raise TypeError(f"config must be a ConvConfig or None, got {type(value).__name__}")
+        self._config = value
+
+    @property
+    def kernel_size(self) -> Tuple[int, int, int]:
+        return self.geometry.kernel_size
+
+    @property
+    def stride(self) -> Tuple[int, int, int]:
+        return self.geometry.stride
+
+    @property
+    def dilation(self) -> Tuple[int, int, int]:
+        return self.geometry.dilation
+
+    @property
+    def padding(self) -> Tuple[int, int, int]:
+        return self.geometry.padding
+
+    def reset_parameters(self) -> None:
+        fan = (self.out_channels if self.transposed else self.in_channels) * self.geometry.volume
+        bound = 1.0 / math.sqrt(fan)
+        nn.init.uniform_(self.kernel, -bound, bound)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input: SparseTensor) -> SparseTensor:
+        g = self.geometry
+        return F.conv3d(input, self.kernel, g.kernel_size, self.bias, g.stride, g.dilation, g.padding,
+                        self.transposed, self.generative, self.downsample_mode, self.config)
+
+    def extra_repr(self) -> str:
+        g = self.geometry
+        text = f"{self.in_channels}, {self.out_channels}, kernel_size={g.kernel_size}, stride={g.stride}"
+        if g.dilation != (1, 1, 1):
+            text += f", dilation={g.dilation}"
+        text += f", padding={g.padding}"
+        if self.bias is not None:
+            text += ", bias=True"
+        if self.transposed:
+            text += ", transposed=True"
+        if self.generative:
+            text += ", generative=True"
+        if not g.is_unit_stride and not self.transposed:
+            text += f", downsample_mode={self.downsample_mode!r}"
+        if self.config is not None:
+            text += f", config={self.config}"
+        return text
