@@ -1,0 +1,48 @@
+"""Shared fixtures and input generators for the test suite."""
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))  # so tests can `import oracle`
+
+
+def random_coords(generator: torch.Generator, num: int, batch: int = 1, low: int = -4, high: int = 8) -> torch.Tensor:
+    """Unique int32 (batch, x, y, z) rows drawn uniformly from a small box (negatives included)."""
+    b = torch.randint(0, batch, (num, 1), generator=generator)
+    xyz = torch.randint(low, high, (num, 3), generator=generator)
+    return torch.unique(torch.cat([b, xyz], 1), dim=0).int()
+
+
+def lidar_coords(seed: int, batch: int = 1, voxel: float = 0.2, box: int = 14, beams: int = 32) -> torch.Tensor:
+    """A small LiDAR-like crop: voxelised generated scans, a box-sized window around the
+    densest region near the sensor, one scan per batch entry."""
+    from torchsparse_pp.data import generate_scan
+    from torchsparse_pp.utils import sparse_quantize
+
+    rows = []
+    for b in range(batch):
+        points = generate_scan(beams, seed=seed + b)["points"][:, :3]
+        voxels = sparse_quantize(points, voxel)
+        # Window around a point a few metres away, where the scan has surfaces.
+        near = voxels[(np.abs(voxels[:, :2]) * voxel < 8).all(1)]
+        centre = near[len(near) // 2]
+        keep = (np.abs(voxels - centre) < box // 2).all(1)
+        crop = torch.from_numpy(voxels[keep] - centre)
+        rows.append(torch.cat([torch.full((len(crop), 1), b, dtype=torch.int32), crop], 1))
+    return torch.cat(rows)
+
+
+@pytest.fixture
+def seed() -> int:
+    """A fresh seed per test run; set TSPP_TEST_SEED to replay one. Printed, so a failure shows it."""
+    value = int(os.environ.get("TSPP_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+    print(f"TSPP_TEST_SEED={value}")
+    return value
+
+
+@pytest.fixture
+def generator(seed) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)

@@ -1,0 +1,139 @@
+"""Hash table and kernel maps against a numpy oracle (sorted packed keys + searchsorted)."""
+import numpy as np
+import pytest
+import torch
+
+import torchsparse_pp as tsp
+from torchsparse_pp import ops
+from torchsparse_pp.kmap import OUT_IN_ROW_PADDING, ConvGeometry, KernelMapCache, strided_map, submanifold_map
+from torchsparse_pp.nn.functional import conv3d, kernel_offsets
+from conftest import random_coords
+
+
+def numpy_lookup(table_coords: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Row of each query in table_coords, or -1 (exact match on all four columns)."""
+    def key(c):
+        c = c.astype(np.int64)
+        return ((c[:, 0] << 51) | ((c[:, 1] + (1 << 16)) << 34) | ((c[:, 2] + (1 << 16)) << 17)
+                | (c[:, 3] + (1 << 16)))
+    keys = key(table_coords)
+    order = np.argsort(keys)
+    sorted_keys = keys[order]
+    q = key(query)
+    pos = np.clip(np.searchsorted(sorted_keys, q), 0, len(keys) - 1)
+    return np.where(sorted_keys[pos] == q, order[pos], -1)
+
+
+def numpy_out_in(in_coords, out_coords, geometry: ConvGeometry) -> np.ndarray:
+    inc, outc = in_coords.numpy(), out_coords.numpy()
+    s, pad = np.array(geometry.stride), np.array(geometry.padding)
+    offsets = kernel_offsets(geometry.kernel_size, geometry.dilation).numpy()
+    columns = []
+    for off in offsets:
+        query = outc.copy().astype(np.int64)
+        query[:, 1:] = query[:, 1:] * s - pad + off
+        columns.append(numpy_lookup(inc, query))
+    return np.stack(columns, 1)
+
+
+def test_kernel_offsets_order():
+    offsets = kernel_offsets((2, 3, 4), (1, 2, 3)).tolist()
+    expected = [[i, 2 * j, 3 * l] for i in range(2) for j in range(3) for l in range(4)]
+    assert offsets == expected
+
+
+def test_hash_exact_no_false_matches(generator):
+    coords = random_coords(generator, 5000, batch=3, low=-300, high=300)
+    keys, vals = ops.hash_build(coords)
+    assert keys.shape[0] >= 2 * coords.shape[0]
+    assert torch.equal(ops.hash_query(keys, vals, coords), torch.arange(coords.shape[0], dtype=torch.int32))
+    # Near misses: every single-component change of +-1, other batches, far-away values.
+    probes = [coords.clone() for _ in range(8)]
+    for i, p in enumerate(probes):
+        p[:, i // 2] += 1 if i % 2 else -1
+    probes.append(coords * torch.tensor([1, -1, 1, 1], dtype=torch.int32))
+    query = torch.cat(probes)
+    query[:, 0].clamp_(min=0)
+    expected = numpy_lookup(coords.numpy(), query.numpy())
+    assert np.array_equal(ops.hash_query(keys, vals, query).numpy(), expected)
+
+
+def test_hash_extreme_coordinates():
+    values = [-32768, -32767, -1, 0, 1, 32766, 32767]
+    coords = torch.tensor([[b, x, y, z] for b in (0, 32767) for x in values for y in values[:3]
+                           for z in values[-3:]], dtype=torch.int32)
+    keys, vals = ops.hash_build(coords)
+    assert torch.equal(ops.hash_query(keys, vals, coords), torch.arange(coords.shape[0], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("geometry,mode", [
+    (ConvGeometry.make(3), "submanifold"),
+    (ConvGeometry.make(5, dilation=2), "submanifold"),
+    (ConvGeometry.make((3, 1, 1), stride=(2, 1, 1), padding=(1, 0, 0)), "spconv"),
+    (ConvGeometry.make(2, stride=2), "minkowski"),
+    (ConvGeometry.make(3, stride=3, padding=2, dilation=2), "spconv"),
+])
+def test_out_in_and_pairs_views(geometry, mode, generator):
+    coords = random_coords(generator, 3000, batch=2, low=-20, high=20)
+    cache = KernelMapCache()
+    if mode == "submanifold":
+        kmap = submanifold_map(cache, coords, geometry, None)
+    else:
+        kmap = strided_map(cache, coords, geometry, mode, None)
+    expected = numpy_out_in(coords, kmap.out_coords, geometry)
+    out_in = kmap.out_in
+    assert out_in.shape[0] % OUT_IN_ROW_PADDING == 0 and out_in.shape[1] == geometry.volume
+    assert np.array_equal(out_in[:kmap.num_out].numpy(), expected)
+    assert bool((out_in[kmap.num_out:] == -1).all())
+
+    pairs = kmap.pairs
+    for k in range(geometry.volume):
+        start, end = pairs.offsets[k].item(), pairs.offsets[k + 1].item()
+        rows = np.nonzero(expected[:, k] >= 0)[0]
+        assert np.array_equal(pairs.out_idx[start:end].numpy(), rows)  # sorted by output row
+        assert np.array_equal(pairs.in_idx[start:end].numpy(), expected[rows, k])
+        identity = len(rows) == kmap.num_out == kmap.num_in and np.array_equal(expected[rows, k], rows)
+        assert bool(pairs.identity[k]) == identity
+    if mode == "submanifold":
+        assert bool(pairs.identity[geometry.volume // 2])  # the centre offset of an odd kernel
+
+
+def test_maps_independent_of_thread_count(generator):
+    coords = random_coords(generator, 20000, batch=2, low=-40, high=40)
+    geometry = ConvGeometry.make(3, stride=2, padding=1)
+    previous = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            kmap = strided_map(KernelMapCache(), coords, geometry, "spconv", None)
+            results.append((kmap.out_coords, kmap.out_in, *kmap.pairs.__dict__.values()))
+    finally:
+        torch.set_num_threads(previous)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_cache_reuses_maps_by_definition(generator):
+    coords = random_coords(generator, 200, batch=1)
+    x = tsp.SparseTensor(torch.randn(coords.shape[0], 2, generator=generator), coords)
+    w3 = torch.randn(27, 2, 2, generator=generator)
+    y = conv3d(conv3d(x, w3, 3), w3, 3)  # two layers, one map
+    assert len(x.cache) == 1 and y.cache is x.cache
+    conv3d(y, w3, 3, dilation=2)  # a different geometry is a different map
+    conv3d(y, torch.randn(8, 2, 2, generator=generator), 2, stride=2)
+    conv3d(y, torch.randn(8, 2, 2, generator=generator), 2, stride=2)
+    assert len(x.cache) == 3
+    modes = sorted(key.mode for key, _ in x.cache.maps())
+    assert modes == ["spconv", "submanifold", "submanifold"]
+
+
+def test_spatial_range_clips_spconv_outputs(generator):
+    coords = random_coords(generator, 300, batch=1, low=0, high=10)
+    cache = KernelMapCache()
+    geometry = ConvGeometry.make(3, stride=2, padding=0)
+    clipped = strided_map(cache, coords, geometry, "spconv", (10, 10, 10))
+    free = strided_map(cache, coords, geometry, "spconv", None)
+    assert clipped.out_range == (4, 4, 4)
+    assert bool((clipped.out_coords[:, 1:] >= 0).all()) and bool((clipped.out_coords[:, 1:] < 4).all())
+    assert bool((free.out_coords[:, 1:] < 0).any())  # without a range, q = -1 is reachable
