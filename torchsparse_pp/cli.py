@@ -1,0 +1,50 @@
+"""Command line: ``torchsparse-pp {demo,info}``."""
+import argparse
+import sys
+from typing import List, Optional
+
+
+def _info(_args) -> int:
+    import torch
+
+    import torchsparse_pp
+    from torchsparse_pp.nn.functional.config import IMPLEMENTED
+
+    print(f"torchsparse_pp {torchsparse_pp.__version__}")
+    print(f"torch {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")
+    print(f"threads: {torch.get_num_threads()}")
+    for device, dataflows in IMPLEMENTED.items():
+        print(f"dataflows on {device}: {', '.join(dataflows)}")
+    return 0
+
+
+def _demo(args) -> int:
+    import torch
+
+    from torchsparse_pp.demo import run_demo
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run_demo(beams=args.beams, voxel=args.voxel, channels=args.channels, repeats=args.repeats, seed=args.seed)
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="torchsparse-pp", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run a generated LiDAR scan through sparse conv layers and time them")
+    demo.add_argument("--beams", type=int, default=64, choices=(32, 64))
+    demo.add_argument("--voxel", type=float, default=0.05, help="voxel size in metres")
+    demo.add_argument("--channels", type=int, default=32)
+    demo.add_argument("--repeats", type=int, default=5)
+    demo.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=_demo)
+    info = sub.add_parser("info", help="print versions and available kernels")
+    info.set_defaults(func=_info)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
