@@ -24,8 +24,25 @@ void check_pairs(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at:
               offsets.sizes());
   TORCH_CHECK(identity.scalar_type() == at::kBool && identity.dim() == 1 && identity.size(0) == K,
               "identity must be a bool vector of length K = ", K);
-  TORCH_CHECK(offsets[K].item<int64_t>() == src_idx.size(0),
-              "offsets[K] must equal the number of pairs");
+  for (const auto* t : {&src_idx, &dst_idx, &offsets, &identity})
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous(),
+                "pair tensors must be contiguous CPU tensors");
+  const int64_t* off = offsets.data_ptr<int64_t>();
+  TORCH_CHECK(off[0] == 0 && off[K] == src_idx.size(0), "offsets must start at 0 and end at the "
+              "number of pairs (", src_idx.size(0), "), got ", off[0], " and ", off[K]);
+  for (int64_t k = 0; k < K; ++k)
+    TORCH_CHECK(off[k] <= off[k + 1], "offsets must be non-decreasing, got offsets[", k, "] = ",
+                off[k], " > offsets[", k + 1, "] = ", off[k + 1]);
+  // An identity offset skips gather and scatter, so its flag must really mean (j, j) for all j.
+  const bool* id = identity.data_ptr<bool>();
+  const int32_t* src = src_idx.data_ptr<int32_t>();
+  const int32_t* dst = dst_idx.data_ptr<int32_t>();
+  for (int64_t k = 0; k < K; ++k) {
+    if (!id[k]) continue;
+    for (int64_t j = off[k]; j < off[k + 1]; ++j)
+      TORCH_CHECK(src[j] == j - off[k] && dst[j] == j - off[k], "identity[", k,
+                  "] is set but offset ", k, " does not map every row j to row j");
+  }
 }
 
 void check_feats(const at::Tensor& t, const char* name) {
@@ -111,7 +128,8 @@ at::Tensor gather_scatter_forward_cpu(const at::Tensor& feats_in, const at::Tens
       if (n == 0) continue;
       const auto w = transpose_weight ? weight[k].t() : weight[k];
       if (is_identity[k]) {
-        TORCH_CHECK(n_src == num_dst, "an identity offset needs as many sources as destinations");
+        TORCH_CHECK(n == n_src && n_src == num_dst,
+                    "an identity offset needs as many pairs as sources and destinations");
         out.add_(at::mm(feats, w));
         continue;
       }
@@ -157,7 +175,8 @@ at::Tensor gather_scatter_wgrad_cpu(const at::Tensor& feats_in, const at::Tensor
       if (n == 0) continue;
       auto dw = dweight[k];
       if (is_identity[k]) {
-        TORCH_CHECK(n_src == n_dst, "an identity offset needs as many sources as destinations");
+        TORCH_CHECK(n == n_src && n_src == n_dst,
+                    "an identity offset needs as many pairs as sources and destinations");
         at::mm_out(dw, feats.t(), grad);
         continue;
       }

@@ -207,8 +207,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cpu(
   TORCH_CHECK(out_in_in.scalar_type() == at::kInt && out_in_in.dim() == 2,
               "out_in must be an int32 [rows, K] map, got ", out_in_in.scalar_type(), " ",
               out_in_in.sizes());
-  TORCH_CHECK(num_out >= 0 && num_out <= out_in_in.size(0), "num_out (", num_out,
-              ") exceeds the rows of out_in (", out_in_in.size(0), ")");
+  TORCH_CHECK(num_in >= 0 && num_out >= 0, "num_in and num_out must be >= 0, got ", num_in, " and ",
+              num_out);
+  TORCH_CHECK(num_out <= out_in_in.size(0), "num_out (", num_out, ") exceeds the rows of out_in (",
+              out_in_in.size(0), ")");
   const auto out_in = out_in_in.contiguous();
   const int64_t K = out_in.size(1);
   const int32_t* m = out_in.data_ptr<int32_t>();
@@ -217,14 +219,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cpu(
   const int64_t chunk = std::max<int64_t>(1024, (num_out + 255) / 256);
   const int64_t num_chunks = (num_out + chunk - 1) / chunk;
   std::vector<int64_t> counts(num_chunks * K, 0);
+  std::atomic<bool> in_range{true};
   at::parallel_for(0, num_chunks, 1, [&](int64_t cb, int64_t ce) {
     for (int64_t ch = cb; ch < ce; ++ch) {
       int64_t* cnt = counts.data() + ch * K;
       const int64_t r1 = std::min(num_out, (ch + 1) * chunk);
       for (int64_t r = ch * chunk; r < r1; ++r)
-        for (int64_t k = 0; k < K; ++k) cnt[k] += m[r * K + k] >= 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const int32_t v = m[r * K + k];
+          cnt[k] += v >= 0;
+          if (v >= num_in) in_range = false;
+        }
     }
   });
+  TORCH_CHECK(in_range.load(), "out_in holds input rows >= num_in (", num_in, ")");
   auto offsets = at::empty({K + 1}, out_in.options().dtype(at::kLong));
   int64_t* off = offsets.data_ptr<int64_t>();
   std::vector<int64_t> pos(num_chunks * K);

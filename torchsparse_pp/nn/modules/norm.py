@@ -56,8 +56,9 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1,
-                 affine: bool = True, track_running_stats: bool = True, process_group=None):
-        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+                 affine: bool = True, track_running_stats: bool = True, process_group=None,
+                 device=None, dtype=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         self.process_group = process_group
 
     def _check_input_dim(self, input):
@@ -98,11 +99,10 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     def convert_sync_batchnorm(cls, module: nn.Module, process_group=None) -> nn.Module:
         """Returns ``module`` with every BatchNorm replaced by a SyncBatchNorm holding its state."""
         if isinstance(module, BatchNorm):
-            state = list(module.parameters()) + list(module.buffers())
+            state = [t for t in list(module.parameters()) + list(module.buffers()) if t.is_floating_point()]
             sync = cls(module.num_features, module.eps, module.momentum, module.affine,
-                       module.track_running_stats, process_group)
-            if state:
-                sync = sync.to(state[0].device)
+                       module.track_running_stats, process_group,
+                       device=state[0].device if state else None, dtype=state[0].dtype if state else None)
             sync.load_state_dict(module.state_dict())
             sync.train(module.training)
             return sync
