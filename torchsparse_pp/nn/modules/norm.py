@@ -56,9 +56,8 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1,
-                 affine: bool = True, track_running_stats: bool = True, process_group=None,
-                 device=None, dtype=None):
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+                 affine: bool = True, track_running_stats: bool = True, process_group=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)
         self.process_group = process_group
 
     def _check_input_dim(self, input):
@@ -99,11 +98,13 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     def convert_sync_batchnorm(cls, module: nn.Module, process_group=None) -> nn.Module:
         """Returns ``module`` with every BatchNorm replaced by a SyncBatchNorm holding its state."""
         if isinstance(module, BatchNorm):
-            state = [t for t in list(module.parameters()) + list(module.buffers()) if t.is_floating_point()]
             sync = cls(module.num_features, module.eps, module.momentum, module.affine,
-                       module.track_running_stats, process_group,
-                       device=state[0].device if state else None, dtype=state[0].dtype if state else None)
-            sync.load_state_dict(module.state_dict())
+                       module.track_running_stats, process_group)
+            # Reuse the very parameters and buffers, so optimizers built before keep working.
+            for name, param in module.named_parameters(recurse=False):
+                setattr(sync, name, param)
+            for name, buffer in module.named_buffers(recurse=False):
+                setattr(sync, name, buffer)
             sync.train(module.training)
             return sync
         for name, child in module.named_children():
