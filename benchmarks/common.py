@@ -1,0 +1,160 @@
+"""Shared helpers for the benchmarks: workloads, timing, thread control and machine info."""
+import contextlib
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+
+def lidar_batch(beams: int, voxel: float, seeds: Sequence[int]) -> Tuple[torch.Tensor, List[int]]:
+    """Generated scans (one per seed, one batch entry each), every scan shifted so its points are
+    non-negative, voxelised at ``voxel`` metres. Returns (int32 coords [N, 4] sorted by
+    (batch, x, y, z), spatial_shape [x, y, z] covering all of them)."""
+    from torchsparse_pp.data.synthetic import generate_scan
+    from torchsparse_pp.utils.quantize import sparse_quantize
+
+    rows = []
+    for b, seed in enumerate(seeds):
+        xyz = generate_scan(beams, seed=seed)["points"][:, :3].astype(np.float64)
+        xyz -= xyz.min(0)
+        voxels = torch.from_numpy(sparse_quantize(xyz, voxel))
+        rows.append(torch.cat([torch.full((len(voxels), 1), b, dtype=torch.int32), voxels], 1))
+    coords = torch.cat(rows)
+    return coords, (coords[:, 1:].amax(0) + 1).tolist()
+
+
+@contextlib.contextmanager
+def num_threads(n: int):
+    """Runs the block with torch (ATen/OpenMP/MKL) at ``n`` threads, then restores the count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1,
+                setup: Optional[Callable[[], object]] = None) -> Dict[str, float]:
+    """Median (and min / max) wall time of ``fn`` over ``repeats`` runs after ``warmup`` runs.
+
+    With ``setup``, ``fn`` receives setup()'s result, and setup is not timed."""
+    times = []
+    for i in range(warmup + repeats):
+        arg = setup() if setup is not None else None
+        start = time.perf_counter()
+        fn(arg) if setup is not None else fn()
+        elapsed = time.perf_counter() - start
+        if i >= warmup:
+            times.append(elapsed)
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
+            "repeats": repeats}
+
+
+def interleaved_times(tasks: Dict[str, Tuple[Callable, Optional[Callable[[], object]]]], repeats: int,
+                      warmup: int = 1) -> Dict[str, Dict[str, object]]:
+    """Times several tasks round-robin: each round runs every task once, in order, so slow drift
+    and bursts of other load on the machine hit all of them alike.
+
+    ``tasks`` maps a name to (fn, setup): setup (untimed, may be None) makes fn's argument. When
+    fn returns a dict of named sub-times (seconds), their medians are reported as "split_median_s".
+    Returns per task the median / min / max wall time over ``repeats`` rounds after ``warmup``."""
+    times: Dict[str, List[float]] = {name: [] for name in tasks}
+    splits: Dict[str, Dict[str, List[float]]] = {name: {} for name in tasks}
+    for i in range(warmup + repeats):
+        for name, (fn, setup) in tasks.items():
+            arg = setup() if setup is not None else None
+            start = time.perf_counter()
+            result = fn(arg) if setup is not None else fn()
+            elapsed = time.perf_counter() - start
+            if i < warmup:
+                continue
+            times[name].append(elapsed)
+            if isinstance(result, dict):
+                for part, seconds in result.items():
+                    splits[name].setdefault(part, []).append(seconds)
+    out = {}
+    for name, values in times.items():
+        out[name] = {"median_s": statistics.median(values), "min_s": min(values), "max_s": max(values),
+                     "repeats": repeats}
+        if splits[name]:
+            out[name]["split_median_s"] = {k: statistics.median(v) for k, v in splits[name].items()}
+    return out
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_revision(root: str) -> Optional[str]:
+    try:
+        rev = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return rev + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def load_average() -> Optional[List[float]]:
+    """1, 5 and 15 minute load averages (other work on the machine skews CPU timings)."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def busy_processes(limit: int = 5) -> List[str]:
+    """Other processes using CPU right now (by ps), so a noisy run can be recognised."""
+    try:
+        out = subprocess.run(["ps", "-eo", "pid,pcpu,comm", "--sort=-pcpu", "--no-headers"],
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    me = os.getpid()
+    rows = [line.split(None, 2) for line in out]
+    return [" ".join(r) for r in rows if len(r) == 3 and int(r[0]) != me and float(r[1]) >= 5.0][:limit]
+
+
+def machine_info() -> Dict[str, object]:
+    import torchsparse_pp
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu_model": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "torch_default_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torch_parallel_backend": next((line.split(":", 1)[1].strip()
+                                        for line in torch.__config__.parallel_info().splitlines()
+                                        if line.startswith("ATen parallel backend")), None),
+        "torchsparse_pp": getattr(torchsparse_pp, "__version__", None),
+        "loadavg_at_start": load_average(),
+        "busy_processes_at_start": busy_processes(),
+        "git_revision": git_revision(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    }
+    try:
+        import spconv
+        info["spconv"] = spconv.__version__
+    except ImportError:
+        info["spconv"] = None
+    return info
+
+
+def gflops(macs: float, seconds: float) -> float:
+    return 2.0 * macs / seconds / 1e9
