@@ -14,7 +14,7 @@ TORCH_LIBRARY(torchsparse_pp, m) {
       "int[] padding, str mode, int[]? out_range) -> Tensor");
   m.def(
       "kmap_out_in(Tensor keys, Tensor vals, Tensor out_coords, int[] kernel_size, int[] stride, "
-      "int[] dilation, int[] padding, int pad_rows_to) -> Tensor");
+      "int[] dilation, int[] padding, int pad_rows_to, bool submanifold=False) -> Tensor");
   m.def(
       "kmap_pairs(Tensor out_in, int num_in, int num_out) -> (Tensor in_idx, Tensor out_idx, "
       "Tensor offsets, Tensor identity)");

@@ -91,6 +91,10 @@ def reference_conv(in_coords: torch.Tensor, feats: torch.Tensor, weight: torch.T
     Transposed: inputs are the coarse side, out[p] = sum over (q, delta) with that relation.
     Differentiable in ``feats`` and ``weight``.
     """
+    if in_coords.shape[0] == 0 or out_coords.shape[0] == 0:
+        # An empty sum: zeros, still connected to the graph so gradients (zeros) flow.
+        anchor = feats.sum() * 0 + weight.sum() * 0
+        return anchor + feats.new_zeros(out_coords.shape[0], weight.shape[2])
     fine, coarse = (out_coords, in_coords) if transposed else (in_coords, out_coords)
     flo, fhi = _bounds(fine)
     clo, chi = _bounds(coarse)

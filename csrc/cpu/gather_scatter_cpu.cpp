@@ -111,12 +111,26 @@ at::Tensor gather_scatter_forward_cpu(const at::Tensor& feats_in, const at::Tens
   const int64_t n_src = feats.size(0);
   const auto st = feats.scalar_type();
   const auto acc_type = st == at::kBFloat16 ? at::kFloat : st;
-  auto out = at::zeros({num_dst, c_dst}, feats.options().dtype(acc_type));
   const int64_t* off = offsets.data_ptr<int64_t>();
   const bool* is_identity = identity.data_ptr<bool>();
-  int64_t max_pairs = 0;
-  for (int64_t k = 0; k < K; ++k)
+  auto offset_weight = [&](int64_t k) { return transpose_weight ? weight[k].t() : weight[k]; };
+  auto check_identity = [&](int64_t n) {
+    TORCH_CHECK(n == n_src && n_src == num_dst,
+                "an identity offset needs as many pairs as sources and destinations");
+  };
+  int64_t max_pairs = 0, seed = -1;
+  for (int64_t k = 0; k < K; ++k) {
     if (!is_identity[k]) max_pairs = std::max(max_pairs, off[k + 1] - off[k]);
+    else if (seed < 0) seed = k;
+  }
+  // The identity offset's GEMM initialises the output, which saves zeroing it and one add pass.
+  at::Tensor out;
+  if (seed >= 0) {
+    check_identity(off[seed + 1] - off[seed]);
+    out = at::mm(feats, offset_weight(seed)).to(acc_type);
+  } else {
+    out = at::zeros({num_dst, c_dst}, feats.options().dtype(acc_type));
+  }
   auto gathered = at::empty({max_pairs, c_src}, feats.options());
   auto product = at::empty({max_pairs, c_dst}, feats.options());
   bool ok = true;
@@ -125,11 +139,10 @@ at::Tensor gather_scatter_forward_cpu(const at::Tensor& feats_in, const at::Tens
     using acc_t = at::opmath_type<scalar_t>;
     for (int64_t k = 0; k < K; ++k) {
       const int64_t n = off[k + 1] - off[k];
-      if (n == 0) continue;
-      const auto w = transpose_weight ? weight[k].t() : weight[k];
+      if (n == 0 || k == seed) continue;
+      const auto w = offset_weight(k);
       if (is_identity[k]) {
-        TORCH_CHECK(n == n_src && n_src == num_dst,
-                    "an identity offset needs as many pairs as sources and destinations");
+        check_identity(n);
         out.add_(at::mm(feats, w));
         continue;
       }

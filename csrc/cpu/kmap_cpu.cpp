@@ -164,16 +164,34 @@ at::Tensor kmap_output_coords_cpu(const at::Tensor& coords_in, at::IntArrayRef k
   return out;
 }
 
+namespace {
+
+// Axis inputs q*s - pad + t*d for every tap t of one output coordinate.
+void axis_inputs(const KernelGeometry& g, const int32_t* q, int64_t (*p)[kMaxKernelAxis]) {
+  for (int a = 0; a < 3; ++a)
+    for (int64_t t = 0; t < g.k[a]; ++t) p[a][t] = g.input_of(a, q[1 + a], t);
+}
+
+bool is_centred_submanifold(const KernelGeometry& g) {
+  for (int a = 0; a < 3; ++a)
+    if (g.s[a] != 1 || g.k[a] % 2 == 0 || 2 * g.pad[a] != g.d[a] * (g.k[a] - 1)) return false;
+  return true;
+}
+
+}  // namespace
+
 at::Tensor kmap_out_in_cpu(const at::Tensor& keys, const at::Tensor& vals,
                            const at::Tensor& out_coords_in, at::IntArrayRef kernel_size,
                            at::IntArrayRef stride, at::IntArrayRef dilation,
-                           at::IntArrayRef padding, int64_t pad_rows_to) {
+                           at::IntArrayRef padding, int64_t pad_rows_to, bool submanifold) {
   TORCH_CHECK(keys.scalar_type() == at::kLong && vals.scalar_type() == at::kInt &&
                   keys.dim() == 1 && keys.sizes() == vals.sizes(),
               "kmap_out_in: (keys, vals) must come from hash_build");
   TORCH_CHECK(pad_rows_to >= 1, "pad_rows_to must be >= 1, got ", pad_rows_to);
   const auto out_coords = checked_coords(out_coords_in, "out_coords");
   const auto g = make_geometry(kernel_size, stride, dilation, padding);
+  TORCH_CHECK(!submanifold || is_centred_submanifold(g),
+              "kmap_out_in: submanifold=True needs stride 1 and odd kernels with centred padding");
   const int64_t n_out = out_coords.size(0);
   const int64_t rows = (n_out + pad_rows_to - 1) / pad_rows_to * pad_rows_to;
   const int64_t K = g.volume();
@@ -181,24 +199,39 @@ at::Tensor kmap_out_in_cpu(const at::Tensor& keys, const at::Tensor& vals,
   const CoordHashView table{keys.data_ptr<int64_t>(), vals.data_ptr<int32_t>(), keys.size(0)};
   const int32_t* c = out_coords.data_ptr<int32_t>();
   int32_t* m = out_in.data_ptr<int32_t>();
+  // A centred submanifold map is symmetric: q reads p through offset k exactly when p reads q
+  // through offset K-1-k. So only offsets before the centre are looked up; the rest are mirrored,
+  // and each mirrored cell has exactly one writer.
+  const int64_t searched = submanifold ? K / 2 : K;
+  std::atomic<bool> foreign_rows{false};
   at::parallel_for(0, n_out, 1024, [&](int64_t begin, int64_t end) {
-    int64_t px[kMaxKernelAxis], py[kMaxKernelAxis], pz[kMaxKernelAxis];
+    int64_t p[3][kMaxKernelAxis];
     for (int64_t row = begin; row < end; ++row) {
       const int32_t* q = c + 4 * row;
-      for (int64_t t = 0; t < g.k[0]; ++t) px[t] = g.input_of(0, q[1], t);
-      for (int64_t t = 0; t < g.k[1]; ++t) py[t] = g.input_of(1, q[2], t);
-      for (int64_t t = 0; t < g.k[2]; ++t) pz[t] = g.input_of(2, q[3], t);
+      axis_inputs(g, q, p);
       int32_t* dst = m + row * K;
       for (int64_t i = 0; i < g.k[0]; ++i)
         for (int64_t j = 0; j < g.k[1]; ++j)
           for (int64_t l = 0; l < g.k[2]; ++l) {
-            const int64_t b = q[0], x = px[i], y = py[j], z = pz[l];
+            const int64_t k = g.offset_index(i, j, l);
+            if (k >= searched) continue;
+            const int64_t b = q[0], x = p[0][i], y = p[1][j], z = p[2][l];
             // Neighbours outside the packable range cannot exist in the table.
-            dst[g.offset_index(i, j, l)] =
-                coord_in_range(b, x, y, z) ? table.find(pack_coord(b, x, y, z)) : -1;
+            const int32_t found = coord_in_range(b, x, y, z) ? table.find(pack_coord(b, x, y, z)) : -1;
+            dst[k] = found;
+            if (submanifold && found >= 0) {
+              if (found >= n_out) {
+                foreign_rows = true;
+                continue;
+              }
+              m[found * K + (K - 1 - k)] = static_cast<int32_t>(row);
+            }
           }
+      if (submanifold) dst[K / 2] = static_cast<int32_t>(row);
     }
   });
+  TORCH_CHECK(!foreign_rows.load(),
+              "kmap_out_in: submanifold=True needs out_coords to be the coordinates the table holds");
   return out_in;
 }
 

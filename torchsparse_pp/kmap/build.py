@@ -20,7 +20,8 @@ def _build(cache: KernelMapCache, in_coords: torch.Tensor, out_coords: torch.Ten
            geometry: ConvGeometry, mode: str, in_range: Optional[Triple], out_range: Optional[Triple],
            started: float) -> KernelMap:
     keys, vals = cache.hash_table(in_coords)
-    out_in = ops.kmap_out_in(keys, vals, out_coords, *geometry.args(), OUT_IN_ROW_PADDING)
+    symmetric = out_coords is in_coords and geometry.is_centred
+    out_in = ops.kmap_out_in(keys, vals, out_coords, *geometry.args(), OUT_IN_ROW_PADDING, symmetric)
     return KernelMap(in_coords, out_coords, geometry, mode, out_in, in_range, out_range,
                      time.perf_counter() - started)
 

@@ -19,13 +19,15 @@ def kmap_output_coords(coords: torch.Tensor, kernel_size: Sequence[int], stride:
 
 def kmap_out_in(keys: torch.Tensor, vals: torch.Tensor, out_coords: torch.Tensor,
                 kernel_size: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
-                padding: Sequence[int], pad_rows_to: int) -> torch.Tensor:
+                padding: Sequence[int], pad_rows_to: int, submanifold: bool = False) -> torch.Tensor:
     """Output-stationary map ``[rows, K]``: input row read by each output through each offset.
 
     -1 where there is no neighbour; rows are padded with -1 to a multiple of ``pad_rows_to``.
+    ``submanifold=True`` (stride 1, odd kernels, centred padding, ``out_coords`` = the table's
+    coordinates in the same order) looks up half the offsets and mirrors the rest.
     """
     return _ops.kmap_out_in(keys, vals, out_coords, list(kernel_size), list(stride), list(dilation),
-                            list(padding), pad_rows_to)
+                            list(padding), pad_rows_to, submanifold)
 
 
 def kmap_pairs(out_in: torch.Tensor, num_in: int, num_out: int
@@ -44,7 +46,8 @@ def _kmap_output_coords_fake(coords, kernel_size, stride, dilation, padding, mod
 
 
 @torch.library.register_fake("torchsparse_pp::kmap_out_in")
-def _kmap_out_in_fake(keys, vals, out_coords, kernel_size, stride, dilation, padding, pad_rows_to):
+def _kmap_out_in_fake(keys, vals, out_coords, kernel_size, stride, dilation, padding, pad_rows_to,
+                      submanifold=False):
     rows = (out_coords.shape[0] + pad_rows_to - 1) // pad_rows_to * pad_rows_to
     volume = kernel_size[0] * kernel_size[1] * kernel_size[2]
     return out_coords.new_empty(rows, volume)
