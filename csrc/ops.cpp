@@ -4,17 +4,25 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(torchsparse_pp, m) {
-  // Exact hash table of packed (batch, x, y, z) coordinates.
-  m.def("hash_build(Tensor coords) -> (Tensor keys, Tensor vals)");
-  m.def("hash_query(Tensor keys, Tensor vals, Tensor query) -> Tensor");
+  // Exact hash table of packed (batch, x, y, z) coordinates: a [capacity, 2] int64 tensor of
+  // (key, row) slots.
+  m.def("hash_build(Tensor coords) -> Tensor table");
+  m.def("hash_query(Tensor table, Tensor query) -> Tensor");
 
-  // Kernel maps. mode: 'spconv' | 'minkowski' | 'generative'.
+  // Kernel maps. out_in[q, k] = input row read by output q through offset k, or -1.
   m.def(
-      "kmap_output_coords(Tensor coords, int[] kernel_size, int[] stride, int[] dilation, "
-      "int[] padding, str mode, int[]? out_range) -> Tensor");
-  m.def(
-      "kmap_out_in(Tensor keys, Tensor vals, Tensor out_coords, int[] kernel_size, int[] stride, "
+      "kmap_out_in(Tensor table, Tensor out_coords, int[] kernel_size, int[] stride, "
       "int[] dilation, int[] padding, int pad_rows_to, bool submanifold=False) -> Tensor");
+  // New output set ('spconv' or 'minkowski'), its map from coords, and its table.
+  m.def(
+      "kmap_downsample(Tensor coords, int[] kernel_size, int[] stride, int[] dilation, "
+      "int[] padding, str mode, int[]? out_range, int pad_rows_to) -> (Tensor out_coords, "
+      "Tensor out_in, Tensor out_table)");
+  // Fine set a generative transposed conv writes, the map from it to coords (rows), its table.
+  m.def(
+      "kmap_generative(Tensor coords, int[] kernel_size, int[] stride, int[] dilation, "
+      "int[] padding, int[]? out_range, int pad_rows_to) -> (Tensor fine_coords, Tensor out_in, "
+      "Tensor fine_table)");
   m.def(
       "kmap_pairs(Tensor out_in, int num_in, int num_out) -> (Tensor in_idx, Tensor out_idx, "
       "Tensor offsets, Tensor identity)");

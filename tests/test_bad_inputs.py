@@ -213,8 +213,8 @@ def test_range_limits_themselves_are_accepted():
     coords = torch.tensor([[32767, 32767, -32768, 5], [0, -32768, 32767, -32768], [3, 0, 0, 0]],
                           dtype=torch.int32)
     x = SparseTensor(torch.randn(3, 2, generator=gen), coords)
-    keys, vals = OPS.hash_build(coords)
-    found = OPS.hash_query(keys, vals, coords.flip(0).contiguous())
+    table = OPS.hash_build(coords)
+    found = OPS.hash_query(table, coords.flip(0).contiguous())
     assert found.tolist() == [2, 1, 0]
     assert x.batch_size == 32768
 
@@ -225,13 +225,13 @@ def test_generative_output_leaving_range_raw_op():
     coords[int(torch.randint(0, 20, (1,), generator=gen)), 1] = 32767
     with pytest.raises(RuntimeError, match=r"input row \d+ produces an output coordinate outside the supported "
                        r"range: " + RANGE_TEXT):
-        OPS.kmap_output_coords(coords, [3, 3, 3], [2, 2, 2], [1, 1, 1], [0, 0, 0], "generative", None)
+        OPS.kmap_generative(coords, [3, 3, 3], [2, 2, 2], [1, 1, 1], [0, 0, 0], None, 128)
 
 
 def test_generative_output_leaving_range_negative_side_raw_op():
     coords = torch.tensor([[0, -32768, 4, 4], [0, 3, 2, 1]], dtype=torch.int32)
     with pytest.raises(RuntimeError, match=r"input row 0 produces an output coordinate outside"):
-        OPS.kmap_output_coords(coords, [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1], "generative", None)
+        OPS.kmap_generative(coords, [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1], None, 128)
 
 
 def test_generative_output_leaving_range_module():
@@ -574,9 +574,9 @@ _RAW_OPS_SCRIPT = textwrap.dedent(r"""
     dup = coords.clone(); dup[-1] = dup[0]
     expect("hash_build duplicate", r"duplicate coordinate", lambda: ops.hash_build(dup))
 
-    keys, vals = ops.hash_build(coords)
+    table = ops.hash_build(coords)
     geo = ([3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1])
-    out_in = ops.kmap_out_in(keys, vals, coords, *geo, 128)
+    out_in = ops.kmap_out_in(table, coords, *geo, 128)
     expect("kmap_pairs int64 out_in", r"out_in must be an int32 \[rows, K\] map",
            lambda: ops.kmap_pairs(out_in.long(), n, n))
     expect("kmap_pairs 1-D out_in", r"out_in must be an int32 \[rows, K\] map",
@@ -584,12 +584,20 @@ _RAW_OPS_SCRIPT = textwrap.dedent(r"""
     expect("kmap_pairs num_out > rows", r"exceeds the rows of out_in",
            lambda: ops.kmap_pairs(out_in, n, out_in.shape[0] + 1))
     expect("kmap_pairs num_out < 0", r"num_out must be >= 0", lambda: ops.kmap_pairs(out_in, n, -1))
-    expect("kmap_out_in bad table", r"must come from hash_build",
-           lambda: ops.kmap_out_in(keys[:-1], vals, coords, *geo, 128))
-    expect("kmap_output_coords mode", r"unknown output-set mode 'dense'",
-           lambda: ops.kmap_output_coords(coords, [2, 2, 2], [2, 2, 2], [1, 1, 1], [0, 0, 0], "dense", None))
-    expect("kmap_output_coords kernel 0", r"kernel_size must be in \[1, ",
-           lambda: ops.kmap_output_coords(coords, [2, 0, 2], [2, 2, 2], [1, 1, 1], [0, 0, 0], "spconv", None))
+    expect("kmap_out_in bad table", r"must be the \[capacity, 2\] int64 tensor that hash_build returns",
+           lambda: ops.kmap_out_in(table[:-1], coords, *geo, 128))
+    expect("kmap_out_in submanifold foreign coords", r"submanifold=True needs out_coords",
+           lambda: ops.kmap_out_in(ops.hash_build(torch.cat([coords, coords + 50])), coords + 50, *geo, 128, True))
+    expect("kmap_out_in submanifold reordered coords", r"submanifold=True needs out_coords",
+           lambda: ops.kmap_out_in(table, coords.flip(0).contiguous(), *geo, 128, True))
+    expect("kmap_out_in submanifold even kernel", r"submanifold=True needs stride 1 and odd kernels",
+           lambda: ops.kmap_out_in(table, coords, [2, 2, 2], [1, 1, 1], [1, 1, 1], [0, 0, 0], 128, True))
+    expect("kmap_downsample mode", r"unknown downsample mode 'dense'",
+           lambda: ops.kmap_downsample(coords, [2, 2, 2], [2, 2, 2], [1, 1, 1], [0, 0, 0], "dense", None, 128))
+    expect("kmap_downsample kernel 0", r"kernel_size must be in \[1, ",
+           lambda: ops.kmap_downsample(coords, [2, 0, 2], [2, 2, 2], [1, 1, 1], [0, 0, 0], "spconv", None, 128))
+    expect("kmap_generative bad range", r"out_range must be positive",
+           lambda: ops.kmap_generative(coords, [2, 2, 2], [2, 2, 2], [1, 1, 1], [0, 0, 0], [4, 0, 4], 128))
 
     in_idx, out_idx, offsets, identity = ops.kmap_pairs(out_in, n, n)
     feats = torch.randn(n, 4, generator=g)
@@ -641,7 +649,7 @@ def _run_script(script: str) -> subprocess.CompletedProcess:
 def test_raw_op_errors_do_not_crash_the_process():
     proc = _run_script(_RAW_OPS_SCRIPT)
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
-    assert proc.stdout.count("PASS ") == 22 and "FAIL" not in proc.stdout, proc.stdout
+    assert proc.stdout.count("PASS ") == 26 and "FAIL" not in proc.stdout, proc.stdout
 
 
 _INCONSISTENT_OFFSETS_SCRIPT = textwrap.dedent(r"""

@@ -44,9 +44,9 @@ def test_kernel_offsets_order():
 
 def test_hash_exact_no_false_matches(generator):
     coords = random_coords(generator, 5000, batch=3, low=-300, high=300)
-    keys, vals = ops.hash_build(coords)
-    assert keys.shape[0] >= 2 * coords.shape[0]
-    assert torch.equal(ops.hash_query(keys, vals, coords), torch.arange(coords.shape[0], dtype=torch.int32))
+    table = ops.hash_build(coords)
+    assert table.shape[0] >= 2 * coords.shape[0] and table.shape[1] == 2
+    assert torch.equal(ops.hash_query(table, coords), torch.arange(coords.shape[0], dtype=torch.int32))
     # Near misses: every single-component change of +-1, other batches, far-away values.
     probes = [coords.clone() for _ in range(8)]
     for i, p in enumerate(probes):
@@ -55,15 +55,15 @@ def test_hash_exact_no_false_matches(generator):
     query = torch.cat(probes)
     query[:, 0].clamp_(min=0)
     expected = numpy_lookup(coords.numpy(), query.numpy())
-    assert np.array_equal(ops.hash_query(keys, vals, query).numpy(), expected)
+    assert np.array_equal(ops.hash_query(table, query).numpy(), expected)
 
 
 def test_hash_extreme_coordinates():
     values = [-32768, -32767, -1, 0, 1, 32766, 32767]
     coords = torch.tensor([[b, x, y, z] for b in (0, 32767) for x in values for y in values[:3]
                            for z in values[-3:]], dtype=torch.int32)
-    keys, vals = ops.hash_build(coords)
-    assert torch.equal(ops.hash_query(keys, vals, coords), torch.arange(coords.shape[0], dtype=torch.int32))
+    table = ops.hash_build(coords)
+    assert torch.equal(ops.hash_query(table, coords), torch.arange(coords.shape[0], dtype=torch.int32))
 
 
 @pytest.mark.parametrize("geometry,mode", [

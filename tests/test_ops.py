@@ -27,15 +27,17 @@ def test_opcheck_gather_scatter(kmap, generator):
 
 
 def test_opcheck_kmap_out_in(kmap):
-    keys, vals = ops.hash_build(kmap.in_coords)
-    torch.library.opcheck(torch.ops.torchsparse_pp.kmap_out_in.default,
-                          (keys, vals, kmap.out_coords, [3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1], 128))
-    torch.library.opcheck(torch.ops.torchsparse_pp.hash_query.default, (keys, vals, kmap.out_coords))
+    table = ops.hash_build(kmap.in_coords)
+    for submanifold in (False, True):
+        torch.library.opcheck(torch.ops.torchsparse_pp.kmap_out_in.default,
+                              (table, kmap.out_coords, [3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1], 128, submanifold))
+    torch.library.opcheck(torch.ops.torchsparse_pp.hash_query.default, (table, kmap.out_coords))
 
 
 @pytest.mark.parametrize("op,args", [
     ("hash_build", lambda m: (m.in_coords,)),
-    ("kmap_output_coords", lambda m: (m.in_coords, [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1], "spconv", None)),
+    ("kmap_downsample", lambda m: (m.in_coords, [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1], "spconv", None, 128)),
+    ("kmap_generative", lambda m: (m.in_coords, [2, 2, 2], [2, 2, 2], [1, 1, 1], [0, 0, 0], None, 128)),
     ("kmap_pairs", lambda m: (m.out_in, m.num_in, m.num_out)),
 ])
 def test_fake_kernels_of_data_dependent_ops(op, args, kmap):

@@ -11,23 +11,20 @@ namespace torchsparse_pp {
 
 enum class InsertResult { kInserted, kExists, kFull };
 
-// Lock-free insert: the CAS on the key slot makes concurrent inserts of equal keys agree.
-inline InsertResult hash_insert(int64_t* keys, int32_t* vals, int64_t capacity, int64_t key,
-                                int32_t val, int32_t* existing = nullptr) {
+// Lock-free insert: the CAS on the key makes concurrent inserts of equal keys agree. The value
+// is written by the winner only; readers run after the parallel region that inserts.
+inline InsertResult hash_insert(int64_t* slots, int64_t capacity, int64_t key, int64_t value) {
   const int64_t mask = capacity - 1;
-  int64_t slot = static_cast<int64_t>(hash_key(key) & static_cast<uint64_t>(mask));
-  const int64_t limit = capacity < kMaxProbes ? capacity : kMaxProbes;
+  int64_t slot = home_slot(key, capacity);
+  const int64_t limit = probe_limit(capacity);
   for (int64_t i = 0; i < limit; ++i) {
     int64_t expected = kEmptyKey;
-    if (__atomic_compare_exchange_n(&keys[slot], &expected, key, false, __ATOMIC_ACQ_REL,
+    if (__atomic_compare_exchange_n(&slots[2 * slot], &expected, key, false, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE)) {
-      vals[slot] = val;
+      slots[2 * slot + 1] = value;
       return InsertResult::kInserted;
     }
-    if (expected == key) {
-      if (existing != nullptr) *existing = vals[slot];
-      return InsertResult::kExists;
-    }
+    if (expected == key) return InsertResult::kExists;
     slot = (slot + 1) & mask;
   }
   return InsertResult::kFull;
@@ -40,6 +37,12 @@ inline void atomic_min(std::atomic<int64_t>& target, int64_t value) {
   }
 }
 
+// An empty [capacity, 2] table able to hold n keys at load factor <= 1/2.
+at::Tensor empty_table(int64_t n, const at::TensorOptions& options);
+
+// Validates a table tensor from hash_build (or a kmap op) and returns a view of it.
+CoordHashView table_view(const at::Tensor& table);
+
 // Validates dtype and shape of a coordinate tensor and returns it contiguous.
 at::Tensor checked_coords(const at::Tensor& coords, const char* name);
 
@@ -47,11 +50,11 @@ at::Tensor checked_coords(const at::Tensor& coords, const char* name);
 // lies outside the packable range.
 at::Tensor pack_coords_cpu(const at::Tensor& coords, const char* name);
 
-// Builds the table for packed keys; duplicate keys raise an error naming both rows.
-std::tuple<at::Tensor, at::Tensor> hash_build_from_keys_cpu(const at::Tensor& packed,
-                                                            const at::Tensor& coords);
+// Builds the table mapping key[i] -> i; duplicate keys raise an error naming the row
+// (`coords` is only read to print it).
+at::Tensor hash_build_from_keys_cpu(const at::Tensor& packed, const at::Tensor& coords);
 
-// Reports a failed insert; kept out of line so loops stay small.
+// Raises the error for an insert that ran past the probe bound.
 [[noreturn]] void throw_probe_limit(int64_t capacity);
 
 }  // namespace torchsparse_pp

@@ -1,11 +1,15 @@
 // Kernel-map construction on the CPU: output coordinate sets and both views of the map.
+//
+// Every map relates inputs p and outputs q by p = q*s - pad + t*d per axis (t: kernel tap).
+// Submanifold maps look up each output's neighbours in the input's hash table. Strided and
+// generative maps instead enumerate what each input reaches, which costs one lookup per pair
+// rather than one per (output, offset), and build the new coordinates' table on the way.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
 #include <limits>
-#include <parallel/algorithm>
 #include <vector>
 
 #include "../common/kernel_geometry.h"
@@ -15,16 +19,7 @@ namespace torchsparse_pp {
 
 namespace {
 
-enum class OutputMode { kSpconv, kMinkowski, kGenerative };
-
-OutputMode parse_mode(c10::string_view mode) {
-  if (mode == "spconv") return OutputMode::kSpconv;
-  if (mode == "minkowski") return OutputMode::kMinkowski;
-  if (mode == "generative") return OutputMode::kGenerative;
-  TORCH_CHECK(false, "unknown output-set mode '", std::string(mode),
-              "'; expected 'spconv', 'minkowski' or 'generative'");
-  __builtin_unreachable();
-}
+constexpr int64_t kNoRow = std::numeric_limits<int64_t>::max();
 
 KernelGeometry make_geometry(at::IntArrayRef ks, at::IntArrayRef st, at::IntArrayRef dil,
                              at::IntArrayRef pad) {
@@ -45,123 +40,217 @@ KernelGeometry make_geometry(at::IntArrayRef ks, at::IntArrayRef st, at::IntArra
   return g;
 }
 
-// Output coordinates that input coordinate p reaches on one axis; returns how many.
-int axis_outputs(const KernelGeometry& g, OutputMode mode, int a, int64_t p, const int64_t* range,
-                 int64_t* out) {
-  int n = 0;
-  if (mode == OutputMode::kMinkowski) {
-    out[n++] = floor_div(p, g.s[a]);
-    return n;
+const int64_t* checked_range(const at::OptionalIntArrayRef& out_range, int64_t* buf) {
+  if (!out_range.has_value()) return nullptr;
+  TORCH_CHECK(out_range->size() == 3, "out_range must have 3 entries, got ", *out_range);
+  for (int a = 0; a < 3; ++a) {
+    TORCH_CHECK((*out_range)[a] >= 1, "out_range must be positive, got ", *out_range);
+    buf[a] = (*out_range)[a];
+  }
+  return buf;
+}
+
+int64_t padded_rows(int64_t n, int64_t pad_rows_to) {
+  TORCH_CHECK(pad_rows_to >= 1, "pad_rows_to must be >= 1, got ", pad_rows_to);
+  return (n + pad_rows_to - 1) / pad_rows_to * pad_rows_to;
+}
+
+// How an input coordinate p relates to the coordinates it reaches on one axis.
+enum class Relation {
+  kReadBy,   // outputs q with q*s - pad + t*d = p (strided conv)
+  kFloor,    // q = floor(p / s) (minkowski output set)
+  kWrites,   // p*s - pad + t*d (conv_transpose3d)
+};
+
+struct AxisReach {
+  int n;
+  int64_t coord[kMaxKernelAxis];
+  int64_t tap[kMaxKernelAxis];
+};
+
+void reach_axis(const KernelGeometry& g, Relation rel, int a, int64_t p, const int64_t* range,
+                AxisReach& r) {
+  r.n = 0;
+  if (rel == Relation::kFloor) {
+    r.coord[0] = floor_div(p, g.s[a]);
+    r.tap[0] = 0;
+    r.n = 1;
+    return;
   }
   for (int64_t t = 0; t < g.k[a]; ++t) {
     int64_t q;
-    if (mode == OutputMode::kSpconv) {
-      // p = q*s - pad + t*d has an integer solution only when s divides p + pad - t*d.
+    if (rel == Relation::kReadBy) {
       const int64_t num = p + g.pad[a] - t * g.d[a];
-      if (((num % g.s[a]) + g.s[a]) % g.s[a] != 0) continue;
+      if (((num % g.s[a]) + g.s[a]) % g.s[a] != 0) continue;  // no integer q
       q = num / g.s[a];
     } else {
-      q = g.input_of(a, p, t);  // conv_transpose writes p*s - pad + t*d
+      q = g.input_of(a, p, t);
     }
     if (range != nullptr && (q < 0 || q >= range[a])) continue;
-    out[n++] = q;
+    r.coord[r.n] = q;
+    r.tap[r.n] = t;
+    ++r.n;
   }
-  return n;
 }
 
-// Sorted unique keys of `candidates`, deduplicated through a hash set in parallel.
-std::vector<int64_t> unique_sorted(const std::vector<int64_t>& candidates) {
-  const int64_t n = static_cast<int64_t>(candidates.size());
-  const int64_t cap = hash_capacity_for(n);
-  std::vector<int64_t> keys(cap, kEmptyKey);
-  std::vector<int32_t> vals(cap, 0);
-  std::atomic<bool> full{false};
-  at::parallel_for(0, n, 8192, [&](int64_t begin, int64_t end) {
+// Calls fn(key, offset) for every coordinate that `row` reaches; key is kEmptyKey where the
+// coordinate lies outside the packable range. Returns how many coordinates it visited.
+template <typename Fn>
+int64_t for_each_reach(const KernelGeometry& g, Relation rel, const int32_t* row,
+                       const int64_t* range, Fn&& fn) {
+  AxisReach ax[3];
+  for (int a = 0; a < 3; ++a) reach_axis(g, rel, a, row[1 + a], range, ax[a]);
+  for (int x = 0; x < ax[0].n; ++x)
+    for (int y = 0; y < ax[1].n; ++y)
+      for (int z = 0; z < ax[2].n; ++z) {
+        const int64_t cx = ax[0].coord[x], cy = ax[1].coord[y], cz = ax[2].coord[z];
+        const int64_t key =
+            coord_in_range(row[0], cx, cy, cz) ? pack_coord(row[0], cx, cy, cz) : kEmptyKey;
+        fn(key, g.offset_index(ax[0].tap[x], ax[1].tap[y], ax[2].tap[z]));
+      }
+  return int64_t(ax[0].n) * ax[1].n * ax[2].n;
+}
+
+// LSD radix sort of non-negative keys in 16-bit digits, then unique. Packed keys of nearby
+// coordinates share their high digits, so digits that do not vary are skipped.
+void sort_unique(std::vector<int64_t>& keys) {
+  constexpr int kBits = 16;
+  constexpr int64_t kBuckets = int64_t(1) << kBits;
+  std::vector<int64_t> buffer(keys.size());
+  std::vector<int64_t> count(kBuckets);
+  for (int shift = 0; shift < 64; shift += kBits) {
+    std::fill(count.begin(), count.end(), 0);
+    for (int64_t k : keys) ++count[(k >> shift) & (kBuckets - 1)];
+    if (std::find(count.begin(), count.end(), int64_t(keys.size())) != count.end()) continue;
+    int64_t sum = 0;
+    for (auto& c : count) {
+      const int64_t here = c;
+      c = sum;
+      sum += here;
+    }
+    for (int64_t k : keys) buffer[count[(k >> shift) & (kBuckets - 1)]++] = k;
+    keys.swap(buffer);
+  }
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+}
+
+// Sorted unique keys of every coordinate the rows reach: the new coordinate set.
+std::vector<int64_t> reached_keys(const at::Tensor& coords, const KernelGeometry& g, Relation rel,
+                                  const int64_t* range) {
+  const int64_t n = coords.size(0);
+  const int32_t* c = coords.data_ptr<int32_t>();
+  // Count, then fill at per-row offsets: the candidate list is in row order on any thread count.
+  std::vector<int64_t> start(n + 1, 0);
+  at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      start[i + 1] = for_each_reach(g, rel, c + 4 * i, range, [](int64_t, int64_t) {});
+  });
+  for (int64_t i = 0; i < n; ++i) start[i + 1] += start[i];
+  std::vector<int64_t> keys(start[n]);
+  std::atomic<int64_t> bad_row{kNoRow};
+  at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      if (hash_insert(keys.data(), vals.data(), cap, candidates[i], 0) == InsertResult::kFull)
-        full = true;
+      int64_t pos = start[i];
+      for_each_reach(g, rel, c + 4 * i, range, [&](int64_t key, int64_t) {
+        if (key == kEmptyKey) atomic_min(bad_row, i);
+        keys[pos++] = key;
+      });
     }
   });
-  if (full) throw_probe_limit(cap);
-  std::vector<int64_t> unique;
-  unique.reserve(static_cast<size_t>(n));
-  for (int64_t k : keys)
-    if (k != kEmptyKey) unique.push_back(k);
-  __gnu_parallel::sort(unique.begin(), unique.end());
-  return unique;
+  TORCH_CHECK(bad_row.load() == kNoRow, "input row ", bad_row.load(),
+              " produces an output coordinate outside the supported range: batch in [0, ",
+              kBatchMax, "], x/y/z in [", kSpatialMin, ", ", kSpatialMax, "]");
+  sort_unique(keys);
+  return keys;
+}
+
+// The coordinates of sorted keys, and the table mapping each key to its row.
+std::tuple<at::Tensor, at::Tensor> coords_and_table(const std::vector<int64_t>& keys,
+                                                    const at::TensorOptions& options) {
+  const int64_t m = static_cast<int64_t>(keys.size());
+  auto coords = at::empty({m, 4}, options.dtype(at::kInt));
+  auto packed = at::empty({m}, options.dtype(at::kLong));
+  int32_t* o = coords.data_ptr<int32_t>();
+  int64_t* p = packed.data_ptr<int64_t>();
+  at::parallel_for(0, m, 8192, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      p[i] = keys[i];
+      unpack_coord(keys[i], o + 4 * i);
+    }
+  });
+  return {coords, hash_build_from_keys_cpu(packed, coords)};
 }
 
 }  // namespace
 
-at::Tensor kmap_output_coords_cpu(const at::Tensor& coords_in, at::IntArrayRef kernel_size,
-                                  at::IntArrayRef stride, at::IntArrayRef dilation,
-                                  at::IntArrayRef padding, c10::string_view mode_name,
-                                  at::OptionalIntArrayRef out_range) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> kmap_downsample_cpu(
+    const at::Tensor& coords_in, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+    at::IntArrayRef dilation, at::IntArrayRef padding, c10::string_view mode,
+    at::OptionalIntArrayRef out_range, int64_t pad_rows_to) {
   const auto coords = checked_coords(coords_in, "coords");
   const auto g = make_geometry(kernel_size, stride, dilation, padding);
-  const auto mode = parse_mode(mode_name);
+  TORCH_CHECK(mode == "spconv" || mode == "minkowski", "unknown downsample mode '",
+              std::string(mode), "'; expected 'spconv' or 'minkowski'");
+  const bool minkowski = mode == "minkowski";
+  TORCH_CHECK(!(minkowski && out_range.has_value()),
+              "out_range does not apply to the minkowski output set (floor(p/s) needs no clip)");
   int64_t range_buf[3];
-  const int64_t* range = nullptr;
-  if (out_range.has_value()) {
-    TORCH_CHECK(mode != OutputMode::kMinkowski,
-                "out_range does not apply to the minkowski output set (floor(p/s) needs no clip)");
-    TORCH_CHECK(out_range->size() == 3, "out_range must have 3 entries, got ", *out_range);
-    for (int a = 0; a < 3; ++a) {
-      TORCH_CHECK((*out_range)[a] >= 1, "out_range must be positive, got ", *out_range);
-      range_buf[a] = (*out_range)[a];
-    }
-    range = range_buf;
-  }
-  const int64_t n = coords.size(0);
+  const int64_t* range = checked_range(out_range, range_buf);
+
+  const auto keys = reached_keys(coords, g, minkowski ? Relation::kFloor : Relation::kReadBy, range);
+  auto [out_coords, out_table] = coords_and_table(keys, coords.options());
+  const int64_t K = g.volume();
+  auto out_in = at::full({padded_rows(out_coords.size(0), pad_rows_to), K}, -1, coords.options());
+  const CoordHashView table{out_table.data_ptr<int64_t>(), out_table.size(0)};
   const int32_t* c = coords.data_ptr<int32_t>();
-
-  // Two passes (count, then fill) keep the candidate list in input order without locks.
-  std::vector<int64_t> start(n + 1, 0);
-  at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
-    int64_t q[kMaxKernelAxis];
-    for (int64_t i = begin; i < end; ++i) {
-      int64_t count = 1;
-      for (int a = 0; a < 3; ++a) count *= axis_outputs(g, mode, a, c[4 * i + 1 + a], range, q);
-      start[i + 1] = count;
-    }
+  int32_t* m = out_in.data_ptr<int32_t>();
+  // An (output, offset) cell determines its input coordinate, so a cell claimed twice means a
+  // duplicate input coordinate; the claim is a CAS so that this is caught, never raced.
+  std::atomic<int64_t> dup_row{kNoRow};
+  at::parallel_for(0, coords.size(0), 2048, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      for_each_reach(g, Relation::kReadBy, c + 4 * i, range, [&](int64_t key, int64_t k) {
+        const int64_t row = key == kEmptyKey ? -1 : table.find(key);  // minkowski: may be absent
+        if (row < 0) return;
+        int32_t expected = -1;
+        if (!__atomic_compare_exchange_n(&m[row * K + k], &expected, static_cast<int32_t>(i), false,
+                                         __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+          atomic_min(dup_row, std::max<int64_t>(i, expected));
+      });
   });
-  for (int64_t i = 0; i < n; ++i) start[i + 1] += start[i];
+  TORCH_CHECK(dup_row.load() == kNoRow, "duplicate coordinate at row ", dup_row.load(),
+              ": the coordinates of a SparseTensor must be unique "
+              "(torchsparse_pp.utils.sparse_quantize removes duplicates)");
+  return {out_coords, out_in, out_table};
+}
 
-  std::vector<int64_t> candidates(start[n]);
-  std::atomic<int64_t> bad{std::numeric_limits<int64_t>::max()};
-  at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
-    int64_t qx[kMaxKernelAxis], qy[kMaxKernelAxis], qz[kMaxKernelAxis];
-    for (int64_t i = begin; i < end; ++i) {
-      const int32_t* r = c + 4 * i;
-      const int nx = axis_outputs(g, mode, 0, r[1], range, qx);
-      const int ny = axis_outputs(g, mode, 1, r[2], range, qy);
-      const int nz = axis_outputs(g, mode, 2, r[3], range, qz);
-      int64_t pos = start[i];
-      for (int x = 0; x < nx; ++x)
-        for (int y = 0; y < ny; ++y)
-          for (int z = 0; z < nz; ++z) {
-            if (!coord_in_range(r[0], qx[x], qy[y], qz[z])) {
-              atomic_min(bad, i);
-              candidates[pos++] = 0;
-              continue;
-            }
-            candidates[pos++] = pack_coord(r[0], qx[x], qy[y], qz[z]);
-          }
-    }
-  });
-  const int64_t bad_row = bad.load();
-  TORCH_CHECK(bad_row == std::numeric_limits<int64_t>::max(), "input row ", bad_row,
-              " produces an output coordinate outside the supported range: batch in [0, ",
-              kBatchMax, "], x/y/z in [", kSpatialMin, ", ", kSpatialMax, "]");
+std::tuple<at::Tensor, at::Tensor, at::Tensor> kmap_generative_cpu(
+    const at::Tensor& coords_in, at::IntArrayRef kernel_size, at::IntArrayRef stride,
+    at::IntArrayRef dilation, at::IntArrayRef padding, at::OptionalIntArrayRef out_range,
+    int64_t pad_rows_to) {
+  const auto coords = checked_coords(coords_in, "coords");
+  const auto g = make_geometry(kernel_size, stride, dilation, padding);
+  int64_t range_buf[3];
+  const int64_t* range = checked_range(out_range, range_buf);
 
-  const auto unique = unique_sorted(candidates);
-  const int64_t m = static_cast<int64_t>(unique.size());
-  auto out = at::empty({m, 4}, coords.options());
-  int32_t* o = out.data_ptr<int32_t>();
-  at::parallel_for(0, m, 8192, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) unpack_coord(unique[i], o + 4 * i);
+  // Hashing the coarse set only rejects duplicate coordinates, which the fine set cannot reveal.
+  hash_build_from_keys_cpu(pack_coords_cpu(coords, "coords"), coords);
+  const auto keys = reached_keys(coords, g, Relation::kWrites, range);
+  auto [fine_coords, fine_table] = coords_and_table(keys, coords.options());
+  const int64_t K = g.volume();
+  const int64_t n = coords.size(0);
+  auto out_in = at::full({padded_rows(n, pad_rows_to), K}, -1, coords.options());
+  const CoordHashView table{fine_table.data_ptr<int64_t>(), fine_table.size(0)};
+  const int32_t* c = coords.data_ptr<int32_t>();
+  int32_t* m = out_in.data_ptr<int32_t>();
+  // Rows are the coarse inputs of the transposed conv; entries index the fine set it writes.
+  at::parallel_for(0, n, 2048, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      for_each_reach(g, Relation::kWrites, c + 4 * i, range, [&](int64_t key, int64_t k) {
+        m[i * K + k] = static_cast<int32_t>(table.find(key));
+      });
   });
-  return out;
+  return {fine_coords, out_in, fine_table};
 }
 
 namespace {
@@ -180,23 +269,18 @@ bool is_centred_submanifold(const KernelGeometry& g) {
 
 }  // namespace
 
-at::Tensor kmap_out_in_cpu(const at::Tensor& keys, const at::Tensor& vals,
-                           const at::Tensor& out_coords_in, at::IntArrayRef kernel_size,
-                           at::IntArrayRef stride, at::IntArrayRef dilation,
-                           at::IntArrayRef padding, int64_t pad_rows_to, bool submanifold) {
-  TORCH_CHECK(keys.scalar_type() == at::kLong && vals.scalar_type() == at::kInt &&
-                  keys.dim() == 1 && keys.sizes() == vals.sizes(),
-              "kmap_out_in: (keys, vals) must come from hash_build");
-  TORCH_CHECK(pad_rows_to >= 1, "pad_rows_to must be >= 1, got ", pad_rows_to);
+at::Tensor kmap_out_in_cpu(const at::Tensor& table_in, const at::Tensor& out_coords_in,
+                           at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                           at::IntArrayRef dilation, at::IntArrayRef padding, int64_t pad_rows_to,
+                           bool submanifold) {
+  const auto table = table_view(table_in);
   const auto out_coords = checked_coords(out_coords_in, "out_coords");
   const auto g = make_geometry(kernel_size, stride, dilation, padding);
   TORCH_CHECK(!submanifold || is_centred_submanifold(g),
               "kmap_out_in: submanifold=True needs stride 1 and odd kernels with centred padding");
   const int64_t n_out = out_coords.size(0);
-  const int64_t rows = (n_out + pad_rows_to - 1) / pad_rows_to * pad_rows_to;
   const int64_t K = g.volume();
-  auto out_in = at::full({rows, K}, -1, out_coords.options());
-  const CoordHashView table{keys.data_ptr<int64_t>(), vals.data_ptr<int32_t>(), keys.size(0)};
+  auto out_in = at::full({padded_rows(n_out, pad_rows_to), K}, -1, out_coords.options());
   const int32_t* c = out_coords.data_ptr<int32_t>();
   int32_t* m = out_in.data_ptr<int32_t>();
   // A centred submanifold map is symmetric: q reads p through offset k exactly when p reads q
@@ -217,7 +301,9 @@ at::Tensor kmap_out_in_cpu(const at::Tensor& keys, const at::Tensor& vals,
             if (k >= searched) continue;
             const int64_t b = q[0], x = p[0][i], y = p[1][j], z = p[2][l];
             // Neighbours outside the packable range cannot exist in the table.
-            const int32_t found = coord_in_range(b, x, y, z) ? table.find(pack_coord(b, x, y, z)) : -1;
+            const int32_t found = coord_in_range(b, x, y, z)
+                                      ? static_cast<int32_t>(table.find(pack_coord(b, x, y, z)))
+                                      : -1;
             dst[k] = found;
             if (submanifold && found >= 0) {
               if (found >= n_out) {
@@ -227,11 +313,19 @@ at::Tensor kmap_out_in_cpu(const at::Tensor& keys, const at::Tensor& vals,
               m[found * K + (K - 1 - k)] = static_cast<int32_t>(row);
             }
           }
-      if (submanifold) dst[K / 2] = static_cast<int32_t>(row);
+      if (submanifold) {
+        // The centre reads the output itself; checking it proves out_coords is the table's set.
+        const int64_t self = coord_in_range(q[0], q[1], q[2], q[3])
+                                 ? table.find(pack_coord(q[0], q[1], q[2], q[3]))
+                                 : -1;
+        if (self != row) foreign_rows = true;
+        dst[K / 2] = static_cast<int32_t>(row);
+      }
     }
   });
   TORCH_CHECK(!foreign_rows.load(),
-              "kmap_out_in: submanifold=True needs out_coords to be the coordinates the table holds");
+              "kmap_out_in: submanifold=True needs out_coords to be the coordinates the table holds, "
+              "in the same order");
   return out_in;
 }
 
@@ -310,7 +404,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cpu(
 }
 
 TORCH_LIBRARY_IMPL(torchsparse_pp, CPU, m) {
-  m.impl("kmap_output_coords", &kmap_output_coords_cpu);
+  m.impl("kmap_downsample", &kmap_downsample_cpu);
+  m.impl("kmap_generative", &kmap_generative_cpu);
   m.impl("kmap_out_in", &kmap_out_in_cpu);
   m.impl("kmap_pairs", &kmap_pairs_cpu);
 }

@@ -1,7 +1,8 @@
 """Builds (or finds in the cache) the kernel map of each convolution variant.
 
 Every variant reduces to one relation between an input set P and an output set Q:
-output q reads input p = q*s - pad + delta*d. They differ only in how Q is made.
+output q reads input p = q*s - pad + delta*d. They differ only in how Q is made. Maps that
+create coordinates leave the new set's hash table in the cache for the layers that follow.
 """
 import time
 from typing import Optional
@@ -16,22 +17,19 @@ from .kernel_map import OUT_IN_ROW_PADDING, KernelMap
 DOWNSAMPLE_MODES = ("spconv", "minkowski")
 
 
-def _build(cache: KernelMapCache, in_coords: torch.Tensor, out_coords: torch.Tensor,
-           geometry: ConvGeometry, mode: str, in_range: Optional[Triple], out_range: Optional[Triple],
-           started: float) -> KernelMap:
-    keys, vals = cache.hash_table(in_coords)
-    symmetric = out_coords is in_coords and geometry.is_centred
-    out_in = ops.kmap_out_in(keys, vals, out_coords, *geometry.args(), OUT_IN_ROW_PADDING, symmetric)
-    return KernelMap(in_coords, out_coords, geometry, mode, out_in, in_range, out_range,
-                     time.perf_counter() - started)
-
-
 def submanifold_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGeometry,
                     spatial_range: Optional[Triple]) -> KernelMap:
-    """Q = P: outputs sit on the input coordinates."""
+    """Q = P: outputs sit on the input coordinates; each output looks up its neighbours."""
+
+    def build() -> KernelMap:
+        started = time.perf_counter()
+        out_in = ops.kmap_out_in(cache.hash_table(coords), coords, *geometry.args(), OUT_IN_ROW_PADDING,
+                                 geometry.is_centred)
+        return KernelMap(coords, coords, geometry, "submanifold", out_in, spatial_range, spatial_range,
+                         time.perf_counter() - started)
+
     key = KernelMapKey(cache.token(coords), geometry, "submanifold", spatial_range)
-    return cache.kernel_map(key, lambda: _build(cache, coords, coords, geometry, "submanifold",
-                                                spatial_range, spatial_range, time.perf_counter()))
+    return cache.kernel_map(key, build)
 
 
 def strided_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGeometry, mode: str,
@@ -43,17 +41,20 @@ def strided_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGeome
 
     def build() -> KernelMap:
         started = time.perf_counter()
-        if mode == "minkowski":
-            out_range = None if spatial_range is None else tuple(
-                (n - 1) // s + 1 for n, s in zip(spatial_range, geometry.stride))
-            out_coords = ops.kmap_output_coords(coords, *geometry.args(), "minkowski", None)
+        clip = None
+        if spatial_range is None:
+            out_range = None
+        elif mode == "minkowski":
+            out_range = tuple((n - 1) // s + 1 for n, s in zip(spatial_range, geometry.stride))
         else:
-            out_range = None if spatial_range is None else geometry.dense_output_size(spatial_range)
-            if out_range is not None and min(out_range) < 1:
+            out_range = clip = geometry.dense_output_size(spatial_range)
+            if min(out_range) < 1:
                 raise ValueError(f"spatial_range {spatial_range} is smaller than the kernel extent: "
                                  f"the dense output size would be {out_range}")
-            out_coords = ops.kmap_output_coords(coords, *geometry.args(), "spconv", out_range)
-        return _build(cache, coords, out_coords, geometry, mode, spatial_range, out_range, started)
+        out_coords, out_in, table = ops.kmap_downsample(coords, *geometry.args(), mode, clip, OUT_IN_ROW_PADDING)
+        cache.add_hash_table(out_coords, table)
+        return KernelMap(coords, out_coords, geometry, mode, out_in, spatial_range, out_range,
+                         time.perf_counter() - started)
 
     key = KernelMapKey(cache.token(coords), geometry, mode, spatial_range)
     return cache.kernel_map(key, build)
@@ -70,8 +71,10 @@ def generative_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGe
         fine_range = None if spatial_range is None else geometry.transposed_output_size(spatial_range)
         if fine_range is not None and min(fine_range) < 1:
             raise ValueError(f"spatial_range {spatial_range} gives an empty transposed output {fine_range}")
-        fine = ops.kmap_output_coords(coords, *geometry.args(), "generative", fine_range)
-        return _build(cache, fine, coords, geometry, "generative", fine_range, spatial_range, started)
+        fine, out_in, table = ops.kmap_generative(coords, *geometry.args(), fine_range, OUT_IN_ROW_PADDING)
+        cache.add_hash_table(fine, table)
+        return KernelMap(fine, coords, geometry, "generative", out_in, fine_range, spatial_range,
+                         time.perf_counter() - started)
 
     key = KernelMapKey(cache.token(coords), geometry, "generative", spatial_range)
     return cache.kernel_map(key, build)

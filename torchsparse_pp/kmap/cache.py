@@ -27,7 +27,7 @@ class KernelMapCache:
     def __init__(self) -> None:
         # id(tensor) -> (token, tensor); holding the tensor keeps its id from being reused.
         self._coords: Dict[int, Tuple[int, torch.Tensor]] = {}
-        self._tables: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+        self._tables: Dict[int, torch.Tensor] = {}
         self._maps: Dict[KernelMapKey, KernelMap] = {}
         self.hash_seconds = 0.0
 
@@ -39,7 +39,7 @@ class KernelMapCache:
             self._coords[id(coords)] = entry
         return entry[0]
 
-    def hash_table(self, coords: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def hash_table(self, coords: torch.Tensor) -> torch.Tensor:
         token = self.token(coords)
         table = self._tables.get(token)
         if table is None:
@@ -48,6 +48,10 @@ class KernelMapCache:
             self.hash_seconds += time.perf_counter() - start
             self._tables[token] = table
         return table
+
+    def add_hash_table(self, coords: torch.Tensor, table: torch.Tensor) -> None:
+        """Keeps the table a map build made for new coordinates, for later maps on them."""
+        self._tables[self.token(coords)] = table
 
     def kernel_map(self, key: KernelMapKey, build: Callable[[], KernelMap]) -> KernelMap:
         kmap = self._maps.get(key)

@@ -9,9 +9,9 @@ load_library()
 
 from .gather_scatter import gather_scatter_forward, gather_scatter_wgrad  # noqa: E402
 from .hash import hash_build, hash_query  # noqa: E402
-from .kmap import kmap_out_in, kmap_output_coords, kmap_pairs  # noqa: E402
+from .kmap import kmap_downsample, kmap_generative, kmap_out_in, kmap_pairs  # noqa: E402
 
 __all__ = [
-    "hash_build", "hash_query", "kmap_output_coords", "kmap_out_in", "kmap_pairs",
+    "hash_build", "hash_query", "kmap_out_in", "kmap_downsample", "kmap_generative", "kmap_pairs",
     "gather_scatter_forward", "gather_scatter_wgrad",
 ]

@@ -4,30 +4,45 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 _ops = torch.ops.torchsparse_pp
+Tensors3 = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def kmap_output_coords(coords: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int],
-                       dilation: Sequence[int], padding: Sequence[int], mode: str,
-                       out_range: Optional[Sequence[int]] = None) -> torch.Tensor:
-    """Sorted unique output coordinates of a strided ('spconv', 'minkowski') or generative conv.
+def kmap_out_in(table: torch.Tensor, out_coords: torch.Tensor, kernel_size: Sequence[int],
+                stride: Sequence[int], dilation: Sequence[int], padding: Sequence[int],
+                pad_rows_to: int, submanifold: bool = False) -> torch.Tensor:
+    """Output-stationary map ``[rows, K]``: the input row (a value of ``table``) that each output
+    reads through each offset, -1 where there is none; rows padded with -1 to ``pad_rows_to``.
 
-    ``out_range`` clips the spconv and generative sets to ``[0, out_range)`` per axis.
-    """
-    return _ops.kmap_output_coords(coords, list(kernel_size), list(stride), list(dilation),
-                                   list(padding), mode, None if out_range is None else list(out_range))
-
-
-def kmap_out_in(keys: torch.Tensor, vals: torch.Tensor, out_coords: torch.Tensor,
-                kernel_size: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
-                padding: Sequence[int], pad_rows_to: int, submanifold: bool = False) -> torch.Tensor:
-    """Output-stationary map ``[rows, K]``: input row read by each output through each offset.
-
-    -1 where there is no neighbour; rows are padded with -1 to a multiple of ``pad_rows_to``.
     ``submanifold=True`` (stride 1, odd kernels, centred padding, ``out_coords`` = the table's
     coordinates in the same order) looks up half the offsets and mirrors the rest.
     """
-    return _ops.kmap_out_in(keys, vals, out_coords, list(kernel_size), list(stride), list(dilation),
+    return _ops.kmap_out_in(table, out_coords, list(kernel_size), list(stride), list(dilation),
                             list(padding), pad_rows_to, submanifold)
+
+
+def kmap_downsample(coords: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int],
+                    dilation: Sequence[int], padding: Sequence[int], mode: str,
+                    out_range: Optional[Sequence[int]], pad_rows_to: int) -> Tensors3:
+    """Strided conv map: ``(out_coords, out_in, out_table)``.
+
+    The output set is 'spconv' (every q some input reaches, clipped to ``[0, out_range)`` when
+    given) or 'minkowski' (``unique(floor(p / s))``), sorted by (batch, x, y, z).
+    """
+    return _ops.kmap_downsample(coords, list(kernel_size), list(stride), list(dilation), list(padding), mode,
+                                None if out_range is None else list(out_range), pad_rows_to)
+
+
+def kmap_generative(coords: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int],
+                    dilation: Sequence[int], padding: Sequence[int], out_range: Optional[Sequence[int]],
+                    pad_rows_to: int) -> Tensors3:
+    """Generative transposed conv map: ``(fine_coords, out_in, fine_table)``.
+
+    ``fine_coords`` is every site ``p*s - pad + t*d`` that conv_transpose3d writes (clipped to
+    ``[0, out_range)`` when given), sorted; ``out_in`` has one row per coarse input p and holds
+    the fine rows, i.e. it is the map of the strided conv from the fine set back to ``coords``.
+    """
+    return _ops.kmap_generative(coords, list(kernel_size), list(stride), list(dilation), list(padding),
+                                None if out_range is None else list(out_range), pad_rows_to)
 
 
 def kmap_pairs(out_in: torch.Tensor, num_in: int, num_out: int
@@ -40,17 +55,33 @@ def kmap_pairs(out_in: torch.Tensor, num_in: int, num_out: int
     return _ops.kmap_pairs(out_in, num_in, num_out)
 
 
-@torch.library.register_fake("torchsparse_pp::kmap_output_coords")
-def _kmap_output_coords_fake(coords, kernel_size, stride, dilation, padding, mode, out_range):
-    return coords.new_empty(torch.library.get_ctx().new_dynamic_size(), 4)
+def _padded(rows, pad_rows_to):
+    return (rows + pad_rows_to - 1) // pad_rows_to * pad_rows_to
+
+
+def _new_set_fake(coords, kernel_size, pad_rows_to, rows_of_map):
+    ctx = torch.library.get_ctx()
+    new_rows = ctx.new_dynamic_size()
+    volume = kernel_size[0] * kernel_size[1] * kernel_size[2]
+    map_rows = new_rows if rows_of_map is None else rows_of_map
+    return (coords.new_empty(new_rows, 4), coords.new_empty(_padded(map_rows, pad_rows_to), volume),
+            coords.new_empty(ctx.new_dynamic_size(), 2, dtype=torch.int64))
 
 
 @torch.library.register_fake("torchsparse_pp::kmap_out_in")
-def _kmap_out_in_fake(keys, vals, out_coords, kernel_size, stride, dilation, padding, pad_rows_to,
-                      submanifold=False):
-    rows = (out_coords.shape[0] + pad_rows_to - 1) // pad_rows_to * pad_rows_to
+def _kmap_out_in_fake(table, out_coords, kernel_size, stride, dilation, padding, pad_rows_to, submanifold=False):
     volume = kernel_size[0] * kernel_size[1] * kernel_size[2]
-    return out_coords.new_empty(rows, volume)
+    return out_coords.new_empty(_padded(out_coords.shape[0], pad_rows_to), volume)
+
+
+@torch.library.register_fake("torchsparse_pp::kmap_downsample")
+def _kmap_downsample_fake(coords, kernel_size, stride, dilation, padding, mode, out_range, pad_rows_to):
+    return _new_set_fake(coords, kernel_size, pad_rows_to, None)
+
+
+@torch.library.register_fake("torchsparse_pp::kmap_generative")
+def _kmap_generative_fake(coords, kernel_size, stride, dilation, padding, out_range, pad_rows_to):
+    return _new_set_fake(coords, kernel_size, pad_rows_to, coords.shape[0])
 
 
 @torch.library.register_fake("torchsparse_pp::kmap_pairs")
