@@ -137,3 +137,24 @@ def test_spatial_range_clips_spconv_outputs(generator):
     assert clipped.out_range == (4, 4, 4)
     assert bool((clipped.out_coords[:, 1:] >= 0).all()) and bool((clipped.out_coords[:, 1:] < 4).all())
     assert bool((free.out_coords[:, 1:] < 0).any())  # without a range, q = -1 is reachable
+
+
+@pytest.mark.parametrize("geometry", [ConvGeometry.make(2, stride=2), ConvGeometry.make(3, stride=2, padding=1),
+                                      ConvGeometry.make((3, 1, 2), stride=(2, 1, 3), dilation=(1, 1, 2))])
+def test_generative_map_and_tables_of_new_coordinates(geometry, generator):
+    """A generative map relates the fine set it creates to its coarse input by the strided
+    relation; the tables that strided and generative builds leave in the cache serve the
+    submanifold maps of the new coordinates."""
+    from torchsparse_pp.kmap import generative_map
+
+    coords = random_coords(generator, 1500, batch=2, low=-15, high=15)
+    cache = KernelMapCache()
+    gen = generative_map(cache, coords, geometry, None)
+    assert gen.out_coords is coords
+    assert np.array_equal(gen.out_in[:gen.num_out].numpy(), numpy_out_in(gen.in_coords, coords, geometry))
+    down = strided_map(cache, coords, geometry, "spconv", None)
+    subm = ConvGeometry.make(3)
+    for new in (gen.in_coords, down.out_coords):
+        kmap = submanifold_map(cache, new, subm, None)
+        assert np.array_equal(kmap.out_in[:kmap.num_out].numpy(), numpy_out_in(new, new, subm))
+    assert cache.hash_seconds == 0.0  # no table was rebuilt: the map builds provided them
