@@ -20,6 +20,9 @@ def _sources(pattern):
 
 def _build_cuda():
     if os.environ.get("FORCE_CUDA", "0") == "1":
+        if torch.version.cuda is None or CUDA_HOME is None:
+            raise RuntimeError(f"FORCE_CUDA=1 needs a CUDA build of torch (found {torch.__version__}) and nvcc "
+                               f"(CUDA_HOME: {CUDA_HOME})")
         return True
     return torch.version.cuda is not None and CUDA_HOME is not None
 

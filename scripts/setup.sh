@@ -37,7 +37,7 @@ fi
 "$PYTHON" -c "import torch; print('[setup] using torch', torch.__version__)"
 
 echo "[setup] build tools"
-pip_install "setuptools>=64" wheel ninja numpy
+pip_install "setuptools>=77" wheel ninja numpy
 
 echo "[setup] building torchsparse_pp (extras: ${EXTRAS:-none})"
 target="."
