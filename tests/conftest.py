@@ -16,6 +16,24 @@ def random_coords(generator: torch.Generator, num: int, batch: int = 1, low: int
     return torch.unique(torch.cat([b, xyz], 1), dim=0).int()
 
 
+def shuffled_coords(generator: torch.Generator, per_batch=(150, 110), low: int = -5, high: int = 7) -> torch.Tensor:
+    """Exactly per_batch[b] distinct points in sample b (x/y/z in [low, high)), rows shuffled so
+    that samples interleave: layers must use the batch column, not contiguity."""
+    side = high - low
+    rows = []
+    for b, n in enumerate(per_batch):
+        flat = torch.randperm(side ** 3, generator=generator)[:n]
+        xyz = torch.stack([flat // side ** 2, (flat // side) % side, flat % side], 1) + low
+        rows.append(torch.cat([torch.full((n, 1), b, dtype=torch.long), xyz], 1))
+    coords = torch.cat(rows)
+    return coords[torch.randperm(len(coords), generator=generator)].int()
+
+
+def triple(v):
+    """An int or 3-sequence as a 3-tuple."""
+    return (v, v, v) if isinstance(v, int) else tuple(v)
+
+
 def lidar_coords(seed: int, batch: int = 1, voxel: float = 0.2, box: int = 14, beams: int = 32) -> torch.Tensor:
     """A small LiDAR-like crop: voxelised generated scans, a box-sized window around the
     densest region near the sensor, one scan per batch entry."""
@@ -35,14 +53,24 @@ def lidar_coords(seed: int, batch: int = 1, voxel: float = 0.2, box: int = 14, b
     return torch.cat(rows)
 
 
-@pytest.fixture
-def seed() -> int:
-    """A fresh seed per test run; set TSPP_TEST_SEED to replay one. Printed, so a failure shows it."""
+def fresh_seed() -> int:
+    """A fresh seed per call; set TSPP_TEST_SEED to replay one. Printed, so a failure shows it."""
     value = int(os.environ.get("TSPP_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
     print(f"TSPP_TEST_SEED={value}")
     return value
 
 
 @pytest.fixture
+def seed() -> int:
+    return fresh_seed()
+
+
+@pytest.fixture
 def generator(seed) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def gen(generator) -> torch.Generator:
+    """Short alias of ``generator``."""
+    return generator

@@ -11,7 +11,7 @@ import torch
 
 import torchsparse_pp as tsp
 from torchsparse_pp.nn.functional import conv3d
-from conftest import lidar_coords, random_coords
+from conftest import lidar_coords, random_coords, triple as _t
 from oracle import reference_conv, reference_output_coords
 
 KERNELS = [1, 2, 3, 5, (3, 1, 1), (1, 3, 3)]
@@ -19,10 +19,6 @@ STRIDES = [2, 3, (2, 1, 1)]
 DILATIONS = [1, 2]
 CHANNELS = [1, 3, 16, 33]
 TOLERANCE = 1e-5
-
-
-def _t(v):
-    return (v, v, v) if isinstance(v, int) else tuple(v)
 
 
 def volume(kernel):

@@ -5,7 +5,6 @@ own functions on the features, ToDense against a brute-force scatter.
 """
 import copy
 import math
-import os
 
 import numpy as np
 import pytest
@@ -19,37 +18,10 @@ from torchsparse_pp.nn import (AvgPool3d, BatchNorm, Conv3d, GroupNorm, LeakyReL
                                ToDense)
 from torchsparse_pp.nn.functional import ConvConfig
 from torchsparse_pp.utils import sparse_quantize
+from conftest import fresh_seed, shuffled_coords as random_coords, triple as _t
 from oracle import reference_conv, reference_output_coords, sort_coords
 
 EXACT = dict(rtol=1e-10, atol=1e-10)
-
-
-def fresh_seed() -> int:
-    """Fresh seed per run (printed so a failure can be replayed with TSPP_TEST_SEED)."""
-    seed = int(os.environ.get("TSPP_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
-    print(f"TSPP_TEST_SEED={seed}")
-    return seed
-
-
-@pytest.fixture
-def gen() -> torch.Generator:
-    return torch.Generator().manual_seed(fresh_seed())
-
-
-def _t(v):
-    return (v, v, v) if isinstance(v, int) else tuple(v)
-
-
-def random_coords(gen, per_batch=(150, 110), low=-5, high=7) -> torch.Tensor:
-    """Distinct (batch, x, y, z) rows, x/y/z in [low, high), rows in random order."""
-    side = high - low
-    rows = []
-    for b, n in enumerate(per_batch):
-        flat = torch.randperm(side ** 3, generator=gen)[:n]
-        xyz = torch.stack([flat // side ** 2, (flat // side) % side, flat % side], 1) + low
-        rows.append(torch.cat([torch.full((n, 1), b, dtype=torch.long), xyz], 1))
-    coords = torch.cat(rows)
-    return coords[torch.randperm(len(coords), generator=gen)].int()
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

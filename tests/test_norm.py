@@ -17,31 +17,15 @@ import torch.nn.functional as TF
 from torch import nn
 
 from torchsparse_pp import SparseTensor
+from conftest import shuffled_coords
 from torchsparse_pp.nn import (BatchNorm, GroupNorm, InstanceNorm, LeakyReLU, ReLU,
                                SyncBatchNorm)
 
 EXACT = dict(rtol=1e-10, atol=1e-10)
 
 
-@pytest.fixture
-def gen() -> torch.Generator:
-    """Fresh seed per run (printed so a failure can be replayed with TSPP_TEST_SEED)."""
-    seed = int(os.environ.get("TSPP_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
-    print(f"TSPP_TEST_SEED={seed}")
-    return torch.Generator().manual_seed(seed)
-
-
 def unique_coords(gen: torch.Generator, counts, low: int = -20, high: int = 20) -> torch.Tensor:
-    """Coordinates with exactly counts[b] distinct points in sample b, rows shuffled so that
-    samples interleave (the layers must use the batch column, not contiguity)."""
-    rows = []
-    for b, n in enumerate(counts):
-        side = high - low
-        flat = torch.randperm(side ** 3, generator=gen)[:n]
-        xyz = torch.stack([flat // side ** 2, (flat // side) % side, flat % side], 1) + low
-        rows.append(torch.cat([torch.full((n, 1), b, dtype=torch.long), xyz], 1))
-    coords = torch.cat(rows)
-    return coords[torch.randperm(len(coords), generator=gen)].int()
+    return shuffled_coords(gen, counts, low, high)
 
 
 def random_feats(gen, n, c, dtype=torch.float64):

@@ -16,33 +16,10 @@ import torch.nn.functional as TF
 import torchsparse_pp as tsp
 from torchsparse_pp.nn import AvgPool3d, Conv3d, GlobalAvgPool, GlobalMaxPool, MaxPool3d
 from torchsparse_pp.nn import functional as SF
+from conftest import shuffled_coords, triple as _t
 from oracle import Frame, reference_conv, reference_output_coords, sort_coords
 
 EXACT = dict(rtol=1e-10, atol=1e-10)
-
-
-@pytest.fixture
-def gen() -> torch.Generator:
-    """Fresh seed per run (printed so a failure can be replayed with TSPP_TEST_SEED)."""
-    seed = int(os.environ.get("TSPP_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
-    print(f"TSPP_TEST_SEED={seed}")
-    return torch.Generator().manual_seed(seed)
-
-
-def _t(v):
-    return (v, v, v) if isinstance(v, int) else tuple(v)
-
-
-def random_coords(gen, per_batch=(260, 200), low=-6, high=10) -> torch.Tensor:
-    """Distinct (batch, x, y, z) rows, x/y/z in [low, high), rows in random order."""
-    side = high - low
-    rows = []
-    for b, n in enumerate(per_batch):
-        flat = torch.randperm(side ** 3, generator=gen)[:n]
-        xyz = torch.stack([flat // side ** 2, (flat // side) % side, flat % side], 1) + low
-        rows.append(torch.cat([torch.full((n, 1), b, dtype=torch.long), xyz], 1))
-    coords = torch.cat(rows)
-    return coords[torch.randperm(len(coords), generator=gen)].int()
 
 
 def _bounds(coords):
@@ -254,3 +231,7 @@ def test_global_max_pool_all_negative(gen):
     batch = coords[:, 0].long()
     torch.testing.assert_close(out, torch.stack([feats[batch == i].amax(0) for i in range(2)]), **EXACT)
     assert (out < 0).all()
+
+
+def random_coords(gen, per_batch=(260, 200), low=-6, high=10) -> torch.Tensor:
+    return shuffled_coords(gen, per_batch, low, high)
