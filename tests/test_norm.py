@@ -274,10 +274,12 @@ def _sync_bn_worker(rank, init_file, payload, result_dir):
         try:
             bn = SyncBatchNorm(SYNC_CHANNELS, momentum=payload["momentum"]).double()
             bn.load_state_dict(payload["state"])
+            # Under DDP the gradients of weight and bias are averaged over the ranks.
+            model = torch.nn.parallel.DistributedDataParallel(bn) if payload["ddp"] else bn
             steps = []
             for step in payload["steps"]:
                 feats = step["feats"][rank].clone().requires_grad_(True)
-                out = bn(SparseTensor(feats, step["coords"][rank]))
+                out = model(SparseTensor(feats, step["coords"][rank]))
                 (out.F * step["grad_out"][rank]).sum().backward()
                 steps.append({"out": out.F.detach().clone(), "grad": feats.grad.clone(),
                               "weight_grad": bn.weight.grad.clone(), "bias_grad": bn.bias.grad.clone(),
@@ -298,11 +300,12 @@ def _sync_bn_worker(rank, init_file, payload, result_dir):
         raise
 
 
-def test_syncbatchnorm_two_processes_gloo(gen, tmp_path):
+@pytest.mark.parametrize("ddp", [False, True], ids=["plain", "ddp"])
+def test_syncbatchnorm_two_processes_gloo(gen, tmp_path, ddp):
     channels, momentum = SYNC_CHANNELS, 0.1
     ref = nn.BatchNorm1d(channels, momentum=momentum).double()
     randomise_affine(ref, gen)
-    payload = {"momentum": momentum, "state": copy.deepcopy(ref.state_dict()), "steps": []}
+    payload = {"momentum": momentum, "state": copy.deepcopy(ref.state_dict()), "steps": [], "ddp": ddp}
     for sizes in [(37, 58), (71, 26)]:  # two steps; the ranks hold different numbers of points
         payload["steps"].append({
             "coords": [unique_coords(gen, [n]) for n in sizes],
@@ -343,11 +346,18 @@ def test_syncbatchnorm_two_processes_gloo(gen, tmp_path):
             assert res["same_coords"]
             torch.testing.assert_close(res["out"], out, **EXACT)
             torch.testing.assert_close(res["grad"], grad, **EXACT)
-        # Each rank holds the gradient of its own points; their sum is the single-process one.
-        torch.testing.assert_close(sum(res["steps"][i]["weight_grad"] for res in results), ref.weight.grad, **EXACT)
-        torch.testing.assert_close(sum(res["steps"][i]["bias_grad"] for res in results), ref.bias.grad, **EXACT)
-        # Neither rank alone has the full gradient (the chunks carry different data).
-        assert not torch.allclose(results[0]["steps"][i]["weight_grad"], ref.weight.grad)
+        if ddp:
+            # DDP averages the parameter gradients: every rank holds the mean of the local ones.
+            for res in results:
+                torch.testing.assert_close(res["steps"][i]["weight_grad"], ref.weight.grad / WORLD, **EXACT)
+                torch.testing.assert_close(res["steps"][i]["bias_grad"], ref.bias.grad / WORLD, **EXACT)
+        else:
+            # Each rank holds the gradient of its own points; their sum is the single-process one.
+            torch.testing.assert_close(sum(res["steps"][i]["weight_grad"] for res in results), ref.weight.grad,
+                                       **EXACT)
+            torch.testing.assert_close(sum(res["steps"][i]["bias_grad"] for res in results), ref.bias.grad, **EXACT)
+            # Neither rank alone has the full gradient (the chunks carry different data).
+            assert not torch.allclose(results[0]["steps"][i]["weight_grad"], ref.weight.grad)
         ref.zero_grad()
 
     ref.eval()
