@@ -13,6 +13,10 @@ TORCH_LIBRARY(torchsparse_pp, m) {
   m.def(
       "kmap_out_in(Tensor table, Tensor out_coords, int[] kernel_size, int[] stride, "
       "int[] dilation, int[] padding, int pad_rows_to, bool submanifold=False) -> Tensor");
+  // Submanifold map (Q = coords, stride 1) by sort and merge; no table needed.
+  m.def(
+      "kmap_submanifold(Tensor coords, int[] kernel_size, int[] dilation, int[] padding, "
+      "int pad_rows_to) -> Tensor");
   // New output set ('spconv' or 'minkowski'), its map from coords, and its table.
   m.def(
       "kmap_downsample(Tensor coords, int[] kernel_size, int[] stride, int[] dilation, "
@@ -27,13 +31,33 @@ TORCH_LIBRARY(torchsparse_pp, m) {
       "kmap_pairs(Tensor out_in, int num_in, int num_out) -> (Tensor in_idx, Tensor out_idx, "
       "Tensor offsets, Tensor identity)");
 
-  // Gather-GEMM-scatter dataflow: forward (and dgrad with transpose_weight), wgrad.
+  // Output-stationary helpers: the transposed table and execution plans (splits, sorted row
+  // orders, per-tile offset bitmasks).
+  m.def("kmap_transpose(Tensor out_in, int num_out, int num_in, int pad_rows_to) -> Tensor");
+  m.def(
+      "kmap_plan(Tensor table, int num_rows, int split_mask_num, int tile_rows, int sort_window=0) -> "
+      "(Tensor bounds, Tensor order, Tensor tile_masks)");
+
+  // Dataflows. Forward ops with transpose_weight=True compute the input gradient (dgrad).
   m.def(
       "gather_scatter_forward(Tensor feats, Tensor weight, Tensor src_idx, Tensor dst_idx, "
-      "Tensor offsets, Tensor identity, int num_dst, bool transpose_weight) -> Tensor");
+      "Tensor offsets, Tensor identity, int num_dst, bool transpose_weight, float epsilon=0., "
+      "int mm_thresh=0, bool deterministic=False) -> Tensor");
   m.def(
       "gather_scatter_wgrad(Tensor feats, Tensor grad_out, Tensor src_idx, Tensor dst_idx, "
+      "Tensor offsets, Tensor identity, bool deterministic=False) -> Tensor");
+  m.def(
+      "fetch_on_demand_forward(Tensor feats, Tensor weight, Tensor src_idx, Tensor dst_idx, "
+      "Tensor offsets, Tensor identity, int num_dst, bool transpose_weight) -> Tensor");
+  m.def(
+      "fetch_on_demand_wgrad(Tensor feats, Tensor grad_out, Tensor src_idx, Tensor dst_idx, "
       "Tensor offsets, Tensor identity) -> Tensor");
+  m.def(
+      "implicit_gemm_forward(Tensor feats, Tensor weight, Tensor table, int num_dst, "
+      "bool transpose_weight, Tensor bounds, Tensor order, Tensor tile_masks, int tile_rows) -> Tensor");
+  m.def(
+      "implicit_gemm_wgrad(Tensor feats, Tensor grad_out, Tensor table, Tensor bounds, Tensor order, "
+      "Tensor tile_masks, int tile_rows) -> Tensor");
 }
 
 // `import torchsparse_pp._C` loads this library, which registers the operators above.

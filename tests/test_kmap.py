@@ -141,10 +141,9 @@ def test_spatial_range_clips_spconv_outputs(generator):
 
 @pytest.mark.parametrize("geometry", [ConvGeometry.make(2, stride=2), ConvGeometry.make(3, stride=2, padding=1),
                                       ConvGeometry.make((3, 1, 2), stride=(2, 1, 3), dilation=(1, 1, 2))])
-def test_generative_map_and_tables_of_new_coordinates(geometry, generator):
+def test_generative_map_and_maps_of_new_coordinates(geometry, generator):
     """A generative map relates the fine set it creates to its coarse input by the strided
-    relation; the tables that strided and generative builds leave in the cache serve the
-    submanifold maps of the new coordinates."""
+    relation; submanifold maps of created coordinate sets match the oracle too."""
     from torchsparse_pp.kmap import generative_map
 
     coords = random_coords(generator, 1500, batch=2, low=-15, high=15)
@@ -157,4 +156,33 @@ def test_generative_map_and_tables_of_new_coordinates(geometry, generator):
     for new in (gen.in_coords, down.out_coords):
         kmap = submanifold_map(cache, new, subm, None)
         assert np.array_equal(kmap.out_in[:kmap.num_out].numpy(), numpy_out_in(new, new, subm))
-    assert cache.hash_seconds == 0.0  # no table was rebuilt: the map builds provided them
+
+
+@pytest.mark.parametrize("geometry", [
+    ConvGeometry.make(3), ConvGeometry.make(2), ConvGeometry.make(3, padding=0),
+    ConvGeometry.make((3, 1, 5), dilation=(1, 2, 1), padding=(1, 0, 4)), ConvGeometry.make(4, dilation=2, padding=3),
+])
+def test_submanifold_merge_matches_hash_and_numpy(geometry, generator):
+    """The sort-merge build (any input order) equals the hash-probe build and the numpy oracle."""
+    coords = random_coords(generator, 4000, batch=3, low=-25, high=25)
+    coords = coords[torch.randperm(coords.shape[0], generator=generator)].contiguous()
+    merged = ops.kmap_submanifold(coords, geometry.kernel_size, geometry.dilation, geometry.padding, 128)
+    probed = ops.kmap_out_in(ops.hash_build(coords), coords, *geometry.args(), 128)
+    assert torch.equal(merged, probed)
+    assert np.array_equal(merged[:coords.shape[0]].numpy(), numpy_out_in(coords, coords, geometry))
+
+
+def test_submanifold_merge_never_aliases_across_packed_fields():
+    """(x, 32767) + (0, 1) packs to the same integer as (x + 1, -32768); it is not a neighbour."""
+    coords = torch.tensor([[0, 5, 32767, 0], [0, 6, -32768, 0], [0, 5, 32766, 0], [1, 0, 0, 32767],
+                           [1, 0, 1, -32768]], dtype=torch.int32)
+    geometry = ConvGeometry.make(3)
+    merged = ops.kmap_submanifold(coords, *[geometry.kernel_size, geometry.dilation, geometry.padding], 128)
+    assert np.array_equal(merged[:5].numpy(), numpy_out_in(coords, coords, geometry))
+    assert int((merged[:5] >= 0).sum()) == 5 + 2  # only self-pairs and the y-neighbours 0 <-> 2
+
+
+def test_submanifold_merge_rejects_duplicates():
+    coords = torch.tensor([[0, 1, 2, 3], [0, 4, 5, 6], [0, 1, 2, 3]], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match=r"duplicate coordinate \(0, 1, 2, 3\) at rows 0 and 2"):
+        ops.kmap_submanifold(coords, [3, 3, 3], [1, 1, 1], [1, 1, 1], 128)

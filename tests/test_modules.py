@@ -16,7 +16,7 @@ import torchsparse_pp as tsp
 from torchsparse_pp.data import generate_scan
 from torchsparse_pp.nn import (AvgPool3d, BatchNorm, Conv3d, GroupNorm, LeakyReLU, MaxPool3d, ReLU, SiLU,
                                ToDense)
-from torchsparse_pp.nn.functional import ConvConfig
+from torchsparse_pp.nn.functional import ConvConfig, PassConfigs
 from torchsparse_pp.utils import sparse_quantize
 from conftest import fresh_seed, shuffled_coords as random_coords, triple as _t
 from oracle import reference_conv, reference_output_coords, sort_coords
@@ -121,7 +121,8 @@ def test_conv_strided_forward_and_backward(gen, kernel, stride, mode):
 
 def test_conv_config_attribute(gen):
     conv = Conv3d(2, 3, 3, config=ConvConfig())
-    assert conv.config == ConvConfig("gather_scatter")
+    cfg = ConvConfig("gather_scatter")
+    assert conv.config == PassConfigs(cfg, cfg, cfg)
     coords = random_coords(gen, per_batch=(50,))
     x = tsp.SparseTensor(torch.randn(len(coords), 2, generator=gen), coords)
     with_config = conv(x).F

@@ -6,6 +6,6 @@ from .version import __version__
 from . import ops  # noqa: F401  (registers torch.ops.torchsparse_pp.*)
 from .tensor import SparseTensor
 from .operators import cat
-from . import nn, utils  # noqa: E402
+from . import backends, nn, utils  # noqa: E402
 
-__all__ = ["SparseTensor", "cat", "nn", "utils", "__version__"]
+__all__ = ["SparseTensor", "cat", "backends", "nn", "utils", "__version__"]

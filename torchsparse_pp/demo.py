@@ -80,7 +80,6 @@ def run_demo(beams: int = 64, voxel: float = 0.05, channels: int = 32, repeats: 
     _print_table(["channels", "kernel", "conv", "points", "first pass ms", "cached ms"], rows)
     forward_ms = sum(statistics.median(t) for t in per_layer) * 1e3
     backward_ms = statistics.median(backward) * 1e3
-    print(f"  first pass includes building {len(maps)} kernel maps: {sum(maps) * 1e3:.1f} ms "
-          f"(hash tables {x.cache.hash_seconds * 1e3:.1f} ms)")
+    print(f"  first pass includes building {len(maps)} kernel maps: {sum(maps) * 1e3:.1f} ms")
     print(f"  forward {forward_ms:.1f} ms, backward {backward_ms:.1f} ms (median of {repeats}, maps cached)")
     return {"voxels": x.num_points, "forward_ms": forward_ms, "backward_ms": backward_ms, "maps": len(maps)}

@@ -1,179 +1,175 @@
 // Gather-GEMM-scatter dataflow on the CPU.
-// Per offset: a parallel gather of the source rows, one ATen GEMM, and a parallel scatter-add.
-// Within one offset every destination row appears at most once, so the scatter needs no atomics.
-#include <ATen/ATen.h>
+//
+// Per offset: a parallel gather of the source rows into a buffer, one GEMM, and a parallel
+// scatter-add. Within one offset every destination row appears at most once, so the scatter
+// needs no atomics. Adaptive grouping (TorchSparse, MLSys'22) pads offsets of similar pair
+// counts to one size and multiplies them with one batched GEMM.
+//
+// GEMMs go to ATen (MKL), whose summation order can change with the thread count. In
+// deterministic mode they run as fixed row tiles, one thread per tile, and the weight gradient
+// uses the fixed-order partial sums of the tiled dataflows.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <atomic>
 #include <cstring>
+#include <vector>
+
+#include "checks_cpu.h"
+#include "pair_tiles.h"
 
 namespace torchsparse_pp {
 
 namespace {
 
-void check_pairs(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at::Tensor& offsets,
-                 const at::Tensor& identity, int64_t K) {
-  TORCH_CHECK(src_idx.scalar_type() == at::kInt && dst_idx.scalar_type() == at::kInt &&
-                  src_idx.dim() == 1 && src_idx.sizes() == dst_idx.sizes(),
-              "pair indices must be two int32 vectors of equal length");
-  TORCH_CHECK(offsets.scalar_type() == at::kLong && offsets.dim() == 1 && offsets.size(0) == K + 1,
-              "offsets must be an int64 vector of length K + 1 = ", K + 1, ", got ",
-              offsets.sizes());
-  TORCH_CHECK(identity.scalar_type() == at::kBool && identity.dim() == 1 && identity.size(0) == K,
-              "identity must be a bool vector of length K = ", K);
-  for (const auto* t : {&src_idx, &dst_idx, &offsets, &identity})
-    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous(),
-                "pair tensors must be contiguous CPU tensors");
-  const int64_t* off = offsets.data_ptr<int64_t>();
-  TORCH_CHECK(off[0] == 0 && off[K] == src_idx.size(0), "offsets must start at 0 and end at the "
-              "number of pairs (", src_idx.size(0), "), got ", off[0], " and ", off[K]);
+constexpr int64_t kDeterministicTileRows = 64;
+
+// Offsets whose pairs are multiplied together: one member is a plain GEMM, several are padded
+// to `rows` pairs each and batched.
+struct OffsetGroup {
+  std::vector<int64_t> members;
+  int64_t rows;
+};
+
+// Offsets (largest first) below mm_thresh pairs join the current group while padding them to its
+// largest count wastes at most `epsilon` of it; epsilon = 0 keeps one GEMM per offset.
+std::vector<OffsetGroup> plan_groups(const int64_t* off, const bool* identity, int64_t K,
+                                     double epsilon, int64_t mm_thresh) {
+  std::vector<int64_t> order;
   for (int64_t k = 0; k < K; ++k)
-    TORCH_CHECK(off[k] <= off[k + 1], "offsets must be non-decreasing, got offsets[", k, "] = ",
-                off[k], " > offsets[", k + 1, "] = ", off[k + 1]);
-  // An identity offset skips gather and scatter, so its flag must really mean (j, j) for all j.
-  const bool* id = identity.data_ptr<bool>();
-  const int32_t* src = src_idx.data_ptr<int32_t>();
-  const int32_t* dst = dst_idx.data_ptr<int32_t>();
-  for (int64_t k = 0; k < K; ++k) {
-    if (!id[k]) continue;
-    for (int64_t j = off[k]; j < off[k + 1]; ++j)
-      TORCH_CHECK(src[j] == j - off[k] && dst[j] == j - off[k], "identity[", k,
-                  "] is set but offset ", k, " does not map every row j to row j");
+    if (!identity[k] && off[k + 1] > off[k]) order.push_back(k);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return off[a + 1] - off[a] > off[b + 1] - off[b];
+  });
+  std::vector<OffsetGroup> groups;
+  bool open = false;
+  for (int64_t k : order) {
+    const int64_t n = off[k + 1] - off[k];
+    const bool batchable = epsilon > 0 && n < mm_thresh;
+    if (open && batchable && groups.back().rows - n <= epsilon * groups.back().rows) {
+      groups.back().members.push_back(k);
+      continue;
+    }
+    groups.push_back({{k}, n});
+    open = batchable;
   }
+  return groups;
 }
 
-void check_feats(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.dim() == 2, name, " must be 2-D [N, C], got ", t.sizes());
-  const auto st = t.scalar_type();
-  TORCH_CHECK(st == at::kFloat || st == at::kDouble || st == at::kBFloat16, name,
-              ": the CPU kernels support float32, float64 and bfloat16, got ", st);
+// C[m, n] = A[m, k] B[k, n] as fixed 64-row tiles, each on one thread.
+template <typename M>
+void tiled_gemm(int64_t m, int64_t n, int64_t k, const M* A, const M* B, M* C) {
+  parallel_items((m + kDeterministicTileRows - 1) / kDeterministicTileRows, [&](int64_t t) {
+    const int64_t r0 = t * kDeterministicTileRows, rows = std::min(kDeterministicTileRows, m - r0);
+    tile_gemm(rows, n, k, A + r0 * k, k, B, n, C + r0 * n, n, false);
+  });
 }
 
-// buf[i] = src[idx[i]]; returns false if an index is out of [0, n_src).
-template <typename T>
-bool gather_rows(const T* src, int64_t n_src, const int32_t* idx, int64_t n, int64_t c, T* buf) {
-  std::atomic<bool> ok{true};
-  at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+// Gathers and scatter-adds rows in parallel; rows at or beyond `valid` are padding (zeros).
+template <typename T, typename G>
+void gather_rows(const T* src, const int32_t* idx, int64_t valid, int64_t rows, int64_t c, G* buf) {
+  at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t r = idx[i];
-      if (r < 0 || r >= n_src) {
-        ok = false;
+      G* d = buf + i * c;
+      if (i >= valid) {
+        std::fill(d, d + c, G(0));
         continue;
       }
-      std::memcpy(buf + i * c, src + r * c, sizeof(T) * c);
+      const T* s = src + static_cast<int64_t>(idx[i]) * c;
+      if constexpr (std::is_same_v<T, G>) std::memcpy(d, s, sizeof(T) * c);
+      else for (int64_t j = 0; j < c; ++j) d[j] = static_cast<G>(s[j]);
     }
   });
-  return ok;
 }
 
-// dst[idx[i]] += rows[i]; indices are unique within one call, so rows never collide.
-template <typename T, typename Acc>
-bool scatter_add_rows(const T* rows, const int32_t* idx, int64_t n, int64_t c, Acc* dst,
-                      int64_t n_dst) {
-  std::atomic<bool> ok{true};
+template <typename G, typename Acc>
+void scatter_add_rows(const G* rows, const int32_t* idx, int64_t n, int64_t c, Acc* dst) {
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t r = idx[i];
-      if (r < 0 || r >= n_dst) {
-        ok = false;
-        continue;
-      }
-      Acc* d = dst + r * c;
-      const T* s = rows + i * c;
+      Acc* d = dst + static_cast<int64_t>(idx[i]) * c;
+      const G* s = rows + i * c;
       for (int64_t j = 0; j < c; ++j) d[j] += static_cast<Acc>(s[j]);
     }
   });
-  return ok;
 }
 
-}  // namespace
-
-at::Tensor gather_scatter_forward_cpu(const at::Tensor& feats_in, const at::Tensor& weight_in,
-                                      const at::Tensor& src_idx, const at::Tensor& dst_idx,
-                                      const at::Tensor& offsets, const at::Tensor& identity,
-                                      int64_t num_dst, bool transpose_weight) {
-  check_feats(feats_in, "feats");
-  TORCH_CHECK(weight_in.dim() == 3, "weight must be [K, C_in, C_out], got ", weight_in.sizes());
-  TORCH_CHECK(weight_in.scalar_type() == feats_in.scalar_type(), "weight dtype ",
-              weight_in.scalar_type(), " does not match feats dtype ", feats_in.scalar_type());
-  const int64_t K = weight_in.size(0);
-  check_pairs(src_idx, dst_idx, offsets, identity, K);
-  const auto feats = feats_in.contiguous();
-  const auto weight = weight_in.contiguous();
-  const int64_t c_src = transpose_weight ? weight.size(2) : weight.size(1);
-  const int64_t c_dst = transpose_weight ? weight.size(1) : weight.size(2);
-  TORCH_CHECK(feats.size(1) == c_src, "feats have ", feats.size(1), " channels but the weight expects ",
-              c_src);
-  TORCH_CHECK(num_dst >= 0, "num_dst must be >= 0");
-  const int64_t n_src = feats.size(0);
-  const auto st = feats.scalar_type();
-  const auto acc_type = st == at::kBFloat16 ? at::kFloat : st;
+template <typename T, bool deterministic>
+at::Tensor forward_impl(const at::Tensor& feats, const at::Tensor& weight, const at::Tensor& src_idx,
+                        const at::Tensor& dst_idx, const at::Tensor& offsets,
+                        const at::Tensor& identity, int64_t num_dst, bool transpose_weight,
+                        double epsilon, int64_t mm_thresh) {
+  using Acc = at::opmath_type<T>;
+  // Buffers hold the input type for ATen GEMMs, the tile math type for deterministic tiles.
+  using G = std::conditional_t<deterministic, typename TileMath<T>::type, T>;
+  const auto buffer_type = c10::CppTypeToScalarType<G>::value;
+  const int64_t K = weight.size(0);
+  const auto w = deterministic ? tile_weight(weight, transpose_weight)
+                               : (transpose_weight ? weight.transpose(1, 2) : weight);
+  const int64_t c_src = w.size(1), c_dst = w.size(2);
   const int64_t* off = offsets.data_ptr<int64_t>();
   const bool* is_identity = identity.data_ptr<bool>();
-  auto offset_weight = [&](int64_t k) { return transpose_weight ? weight[k].t() : weight[k]; };
-  auto check_identity = [&](int64_t n) {
-    TORCH_CHECK(n == n_src && n_src == num_dst,
-                "an identity offset needs as many pairs as sources and destinations");
-  };
-  int64_t max_pairs = 0, seed = -1;
-  for (int64_t k = 0; k < K; ++k) {
-    if (!is_identity[k]) max_pairs = std::max(max_pairs, off[k + 1] - off[k]);
-    else if (seed < 0) seed = k;
-  }
-  // The identity offset's GEMM initialises the output, which saves zeroing it and one add pass.
-  at::Tensor out;
-  if (seed >= 0) {
-    check_identity(off[seed + 1] - off[seed]);
-    out = at::mm(feats, offset_weight(seed)).to(acc_type);
-  } else {
-    out = at::zeros({num_dst, c_dst}, feats.options().dtype(acc_type));
-  }
-  auto gathered = at::empty({max_pairs, c_src}, feats.options());
-  auto product = at::empty({max_pairs, c_dst}, feats.options());
-  bool ok = true;
+  const auto groups = plan_groups(off, is_identity, K, epsilon, mm_thresh);
+  int64_t max_rows = 0;
+  for (const auto& g : groups) max_rows = std::max<int64_t>(max_rows, g.rows * g.members.size());
+  at::Tensor gathered = at::empty({max_rows, c_src}, feats.options().dtype(buffer_type));
+  at::Tensor product = at::empty({max_rows, c_dst}, feats.options().dtype(buffer_type));
+  const auto acc_type = c10::CppTypeToScalarType<Acc>::value;
+  const int32_t* src = src_idx.data_ptr<int32_t>();
+  const int32_t* dst = dst_idx.data_ptr<int32_t>();
 
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, st, "gather_scatter_forward_cpu", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t n = off[k + 1] - off[k];
-      if (n == 0 || k == seed) continue;
-      const auto w = offset_weight(k);
-      if (is_identity[k]) {
-        check_identity(n);
-        out.add_(at::mm(feats, w));
-        continue;
-      }
-      auto g = gathered.narrow(0, 0, n);
-      auto p = product.narrow(0, 0, n);
-      ok = ok && gather_rows(feats.data_ptr<scalar_t>(), n_src, src_idx.data_ptr<int32_t>() + off[k],
-                             n, c_src, g.data_ptr<scalar_t>());
-      TORCH_CHECK(ok, "gather_scatter: a source index is out of range [0, ", n_src, ")");
-      at::mm_out(p, g, w);
-      ok = ok && scatter_add_rows(p.data_ptr<scalar_t>(), dst_idx.data_ptr<int32_t>() + off[k], n,
-                                  c_dst, out.data_ptr<acc_t>(), num_dst);
-      TORCH_CHECK(ok, "gather_scatter: a destination index is out of range [0, ", num_dst, ")");
+  // Pairs (j, j) multiply the features as they are, without gather or scatter; the first such
+  // product initialises the output.
+  at::Tensor out;
+  for (int64_t k = 0; k < K; ++k) {
+    if (!is_identity[k] || off[k + 1] == off[k]) continue;
+    at::Tensor prod;
+    if constexpr (deterministic) {
+      const at::Tensor rows = feats.to(buffer_type);
+      prod = at::empty({num_dst, c_dst}, feats.options().dtype(buffer_type));
+      tiled_gemm(num_dst, c_dst, c_src, rows.template data_ptr<G>(), w[k].template data_ptr<G>(),
+                 prod.template data_ptr<G>());
+    } else {
+      prod = at::mm(feats, w[k]);
     }
-  });
-  return acc_type == st ? out : out.to(st);
+    if (out.defined()) out.add_(prod);
+    else out = prod.to(acc_type);
+  }
+  if (!out.defined()) out = at::zeros({num_dst, c_dst}, feats.options().dtype(acc_type));
+  for (const auto& group : groups) {
+    const int64_t L = group.rows, members = static_cast<int64_t>(group.members.size());
+    for (int64_t j = 0; j < members; ++j) {
+      const int64_t k = group.members[j];
+      gather_rows(feats.data_ptr<T>(), src + off[k], off[k + 1] - off[k], L, c_src,
+                  gathered.data_ptr<G>() + j * L * c_src);
+    }
+    at::Tensor g = gathered.narrow(0, 0, members * L);
+    at::Tensor p = product.narrow(0, 0, members * L);
+    if constexpr (deterministic) {
+      for (int64_t j = 0; j < members; ++j)
+        tiled_gemm(L, c_dst, c_src, g.template data_ptr<G>() + j * L * c_src,
+                   w[group.members[j]].template data_ptr<G>(), p.template data_ptr<G>() + j * L * c_dst);
+    } else if (members == 1) {
+      at::mm_out(p, g, w[group.members[0]]);
+    } else {
+      auto index = at::tensor(group.members, offsets.options());
+      auto batched = p.view({members, L, c_dst});
+      at::bmm_out(batched, g.view({members, L, c_src}), w.index_select(0, index));
+    }
+    for (int64_t j = 0; j < members; ++j) {
+      const int64_t k = group.members[j];
+      scatter_add_rows(p.template data_ptr<G>() + j * L * c_dst, dst + off[k], off[k + 1] - off[k], c_dst,
+                       out.data_ptr<Acc>());
+    }
+  }
+  return out.scalar_type() == feats.scalar_type() ? out : out.to(feats.scalar_type());
 }
 
-at::Tensor gather_scatter_wgrad_cpu(const at::Tensor& feats_in, const at::Tensor& grad_in,
-                                    const at::Tensor& src_idx, const at::Tensor& dst_idx,
-                                    const at::Tensor& offsets, const at::Tensor& identity) {
-  check_feats(feats_in, "feats");
-  check_feats(grad_in, "grad_out");
-  TORCH_CHECK(feats_in.scalar_type() == grad_in.scalar_type(), "feats dtype ",
-              feats_in.scalar_type(), " does not match grad_out dtype ", grad_in.scalar_type());
-  const int64_t K = identity.size(0);
-  check_pairs(src_idx, dst_idx, offsets, identity, K);
-  const auto feats = feats_in.contiguous();
-  const auto grad = grad_in.contiguous();
-  const int64_t c_src = feats.size(1), c_dst = grad.size(1);
-  const int64_t n_src = feats.size(0), n_dst = grad.size(0);
-  auto dweight = at::zeros({K, c_src, c_dst}, feats.options());
+template <typename T>
+at::Tensor wgrad_impl(const at::Tensor& feats, const at::Tensor& grad, const at::Tensor& src_idx,
+                      const at::Tensor& dst_idx, const at::Tensor& offsets,
+                      const at::Tensor& identity) {
+  const int64_t K = identity.size(0), c_src = feats.size(1), c_dst = grad.size(1);
+  at::Tensor dweight = at::zeros({K, c_src, c_dst}, feats.options());
   const int64_t* off = offsets.data_ptr<int64_t>();
   const bool* is_identity = identity.data_ptr<bool>();
   int64_t max_pairs = 0;
@@ -181,28 +177,64 @@ at::Tensor gather_scatter_wgrad_cpu(const at::Tensor& feats_in, const at::Tensor
     if (!is_identity[k]) max_pairs = std::max(max_pairs, off[k + 1] - off[k]);
   auto gathered_src = at::empty({max_pairs, c_src}, feats.options());
   auto gathered_dst = at::empty({max_pairs, c_dst}, feats.options());
-
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, feats.scalar_type(), "gather_scatter_wgrad_cpu", [&] {
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t n = off[k + 1] - off[k];
-      if (n == 0) continue;
-      auto dw = dweight[k];
-      if (is_identity[k]) {
-        TORCH_CHECK(n == n_src && n_src == n_dst,
-                    "an identity offset needs as many pairs as sources and destinations");
-        at::mm_out(dw, feats.t(), grad);
-        continue;
-      }
-      auto a = gathered_src.narrow(0, 0, n);
-      auto b = gathered_dst.narrow(0, 0, n);
-      TORCH_CHECK(gather_rows(feats.data_ptr<scalar_t>(), n_src, src_idx.data_ptr<int32_t>() + off[k],
-                              n, c_src, a.data_ptr<scalar_t>()),
-                  "gather_scatter: a source index is out of range [0, ", n_src, ")");
-      TORCH_CHECK(gather_rows(grad.data_ptr<scalar_t>(), n_dst, dst_idx.data_ptr<int32_t>() + off[k],
-                              n, c_dst, b.data_ptr<scalar_t>()),
-                  "gather_scatter: a destination index is out of range [0, ", n_dst, ")");
-      at::mm_out(dw, a.t(), b);
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t n = off[k + 1] - off[k];
+    if (n == 0) continue;
+    auto dw = dweight[k];
+    if (is_identity[k]) {
+      at::mm_out(dw, feats.t(), grad);
+      continue;
     }
+    auto a = gathered_src.narrow(0, 0, n);
+    auto b = gathered_dst.narrow(0, 0, n);
+    gather_rows(feats.data_ptr<T>(), src_idx.data_ptr<int32_t>() + off[k], n, n, c_src, a.data_ptr<T>());
+    gather_rows(grad.data_ptr<T>(), dst_idx.data_ptr<int32_t>() + off[k], n, n, c_dst, b.data_ptr<T>());
+    at::mm_out(dw, a.t(), b);
+  }
+  return dweight;
+}
+
+}  // namespace
+
+at::Tensor gather_scatter_forward_cpu(const at::Tensor& feats_in, const at::Tensor& weight_in,
+                                      const at::Tensor& src_idx, const at::Tensor& dst_idx,
+                                      const at::Tensor& offsets, const at::Tensor& identity,
+                                      int64_t num_dst, bool transpose_weight, double epsilon,
+                                      int64_t mm_thresh, bool deterministic) {
+  check_feats(feats_in, "feats");
+  check_weight(weight_in, feats_in, transpose_weight);
+  check_pairs(src_idx, dst_idx, offsets, identity, weight_in.size(0), feats_in.size(0), num_dst);
+  TORCH_CHECK(epsilon >= 0 && epsilon <= 1, "epsilon must be in [0, 1], got ", epsilon);
+  TORCH_CHECK(mm_thresh >= 0, "mm_thresh must be >= 0, got ", mm_thresh);
+  const auto feats = feats_in.contiguous();
+  const auto weight = weight_in.contiguous();
+  at::Tensor out;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, feats.scalar_type(), "gather_scatter_forward_cpu", [&] {
+    out = deterministic
+              ? forward_impl<scalar_t, true>(feats, weight, src_idx, dst_idx, offsets, identity, num_dst,
+                                             transpose_weight, epsilon, mm_thresh)
+              : forward_impl<scalar_t, false>(feats, weight, src_idx, dst_idx, offsets, identity, num_dst,
+                                              transpose_weight, epsilon, mm_thresh);
+  });
+  return out;
+}
+
+at::Tensor gather_scatter_wgrad_cpu(const at::Tensor& feats_in, const at::Tensor& grad_in,
+                                    const at::Tensor& src_idx, const at::Tensor& dst_idx,
+                                    const at::Tensor& offsets, const at::Tensor& identity,
+                                    bool deterministic) {
+  check_feats(feats_in, "feats");
+  check_feats(grad_in, "grad_out");
+  TORCH_CHECK(feats_in.scalar_type() == grad_in.scalar_type(), "feats dtype ",
+              feats_in.scalar_type(), " does not match grad_out dtype ", grad_in.scalar_type());
+  const int64_t K = identity.size(0);
+  check_pairs(src_idx, dst_idx, offsets, identity, K, feats_in.size(0), grad_in.size(0));
+  const auto feats = feats_in.contiguous();
+  const auto grad = grad_in.contiguous();
+  at::Tensor dweight;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, feats.scalar_type(), "gather_scatter_wgrad_cpu", [&] {
+    dweight = deterministic ? pairs_wgrad_tiled<scalar_t>(feats, grad, src_idx, dst_idx, offsets, K)
+                            : wgrad_impl<scalar_t>(feats, grad, src_idx, dst_idx, offsets, identity);
   });
   return dweight;
 }

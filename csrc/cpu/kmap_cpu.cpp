@@ -12,33 +12,15 @@
 #include <limits>
 #include <vector>
 
-#include "../common/kernel_geometry.h"
 #include "hash_cpu.h"
+#include "kmap_common.h"
+#include "radix_sort.h"
 
 namespace torchsparse_pp {
 
 namespace {
 
 constexpr int64_t kNoRow = std::numeric_limits<int64_t>::max();
-
-KernelGeometry make_geometry(at::IntArrayRef ks, at::IntArrayRef st, at::IntArrayRef dil,
-                             at::IntArrayRef pad) {
-  TORCH_CHECK(ks.size() == 3 && st.size() == 3 && dil.size() == 3 && pad.size() == 3,
-              "kernel_size, stride, dilation and padding must have 3 entries (x, y, z)");
-  KernelGeometry g{};
-  for (int a = 0; a < 3; ++a) {
-    TORCH_CHECK(ks[a] >= 1 && ks[a] <= kMaxKernelAxis, "kernel_size must be in [1, ",
-                kMaxKernelAxis, "] per axis, got ", ks);
-    TORCH_CHECK(st[a] >= 1, "stride must be >= 1 per axis, got ", st);
-    TORCH_CHECK(dil[a] >= 1, "dilation must be >= 1 per axis, got ", dil);
-    TORCH_CHECK(pad[a] >= 0, "padding must be >= 0 per axis, got ", pad);
-    g.k[a] = ks[a];
-    g.s[a] = st[a];
-    g.d[a] = dil[a];
-    g.pad[a] = pad[a];
-  }
-  return g;
-}
 
 const int64_t* checked_range(const at::OptionalIntArrayRef& out_range, int64_t* buf) {
   if (!out_range.has_value()) return nullptr;
@@ -48,11 +30,6 @@ const int64_t* checked_range(const at::OptionalIntArrayRef& out_range, int64_t* 
     buf[a] = (*out_range)[a];
   }
   return buf;
-}
-
-int64_t padded_rows(int64_t n, int64_t pad_rows_to) {
-  TORCH_CHECK(pad_rows_to >= 1, "pad_rows_to must be >= 1, got ", pad_rows_to);
-  return (n + pad_rows_to - 1) / pad_rows_to * pad_rows_to;
 }
 
 // How an input coordinate p relates to the coordinates it reaches on one axis.
@@ -111,32 +88,9 @@ int64_t for_each_reach(const KernelGeometry& g, Relation rel, const int32_t* row
   return int64_t(ax[0].n) * ax[1].n * ax[2].n;
 }
 
-// LSD radix sort of non-negative keys in 16-bit digits, then unique. Packed keys of nearby
-// coordinates share their high digits, so digits that do not vary are skipped.
-void sort_unique(std::vector<int64_t>& keys) {
-  constexpr int kBits = 16;
-  constexpr int64_t kBuckets = int64_t(1) << kBits;
-  std::vector<int64_t> buffer(keys.size());
-  std::vector<int64_t> count(kBuckets);
-  for (int shift = 0; shift < 64; shift += kBits) {
-    std::fill(count.begin(), count.end(), 0);
-    for (int64_t k : keys) ++count[(k >> shift) & (kBuckets - 1)];
-    if (std::find(count.begin(), count.end(), int64_t(keys.size())) != count.end()) continue;
-    int64_t sum = 0;
-    for (auto& c : count) {
-      const int64_t here = c;
-      c = sum;
-      sum += here;
-    }
-    for (int64_t k : keys) buffer[count[(k >> shift) & (kBuckets - 1)]++] = k;
-    keys.swap(buffer);
-  }
-  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-}
-
 // Sorted unique keys of every coordinate the rows reach: the new coordinate set.
-std::vector<int64_t> reached_keys(const at::Tensor& coords, const KernelGeometry& g, Relation rel,
-                                  const int64_t* range) {
+std::vector<uint64_t> reached_keys(const at::Tensor& coords, const KernelGeometry& g, Relation rel,
+                                   const int64_t* range) {
   const int64_t n = coords.size(0);
   const int32_t* c = coords.data_ptr<int32_t>();
   // Count, then fill at per-row offsets: the candidate list is in row order on any thread count.
@@ -146,26 +100,28 @@ std::vector<int64_t> reached_keys(const at::Tensor& coords, const KernelGeometry
       start[i + 1] = for_each_reach(g, rel, c + 4 * i, range, [](int64_t, int64_t) {});
   });
   for (int64_t i = 0; i < n; ++i) start[i + 1] += start[i];
-  std::vector<int64_t> keys(start[n]);
+  std::vector<uint64_t> keys(start[n]);
   std::atomic<int64_t> bad_row{kNoRow};
   at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       int64_t pos = start[i];
       for_each_reach(g, rel, c + 4 * i, range, [&](int64_t key, int64_t) {
         if (key == kEmptyKey) atomic_min(bad_row, i);
-        keys[pos++] = key;
+        keys[pos++] = static_cast<uint64_t>(key);
       });
     }
   });
   TORCH_CHECK(bad_row.load() == kNoRow, "input row ", bad_row.load(),
               " produces an output coordinate outside the supported range: batch in [0, ",
               kBatchMax, "], x/y/z in [", kSpatialMin, ", ", kSpatialMax, "]");
-  sort_unique(keys);
+  // Packed keys are non-negative, so their unsigned order is the coordinate order.
+  radix_sort(keys);
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
   return keys;
 }
 
 // The coordinates of sorted keys, and the table mapping each key to its row.
-std::tuple<at::Tensor, at::Tensor> coords_and_table(const std::vector<int64_t>& keys,
+std::tuple<at::Tensor, at::Tensor> coords_and_table(const std::vector<uint64_t>& keys,
                                                     const at::TensorOptions& options) {
   const int64_t m = static_cast<int64_t>(keys.size());
   auto coords = at::empty({m, 4}, options.dtype(at::kInt));
@@ -174,8 +130,8 @@ std::tuple<at::Tensor, at::Tensor> coords_and_table(const std::vector<int64_t>& 
   int64_t* p = packed.data_ptr<int64_t>();
   at::parallel_for(0, m, 8192, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      p[i] = keys[i];
-      unpack_coord(keys[i], o + 4 * i);
+      p[i] = static_cast<int64_t>(keys[i]);
+      unpack_coord(p[i], o + 4 * i);
     }
   });
   return {coords, hash_build_from_keys_cpu(packed, coords)};
@@ -259,12 +215,6 @@ namespace {
 void axis_inputs(const KernelGeometry& g, const int32_t* q, int64_t (*p)[kMaxKernelAxis]) {
   for (int a = 0; a < 3; ++a)
     for (int64_t t = 0; t < g.k[a]; ++t) p[a][t] = g.input_of(a, q[1 + a], t);
-}
-
-bool is_centred_submanifold(const KernelGeometry& g) {
-  for (int a = 0; a < 3; ++a)
-    if (g.s[a] != 1 || g.k[a] % 2 == 0 || 2 * g.pad[a] != g.d[a] * (g.k[a] - 1)) return false;
-  return true;
 }
 
 }  // namespace

@@ -1,8 +1,7 @@
 """Builds (or finds in the cache) the kernel map of each convolution variant.
 
 Every variant reduces to one relation between an input set P and an output set Q:
-output q reads input p = q*s - pad + delta*d. They differ only in how Q is made. Maps that
-create coordinates leave the new set's hash table in the cache for the layers that follow.
+output q reads input p = q*s - pad + delta*d. They differ only in how Q is made.
 """
 import time
 from typing import Optional
@@ -19,12 +18,12 @@ DOWNSAMPLE_MODES = ("spconv", "minkowski")
 
 def submanifold_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGeometry,
                     spatial_range: Optional[Triple]) -> KernelMap:
-    """Q = P: outputs sit on the input coordinates; each output looks up its neighbours."""
+    """Q = P: outputs sit on the input coordinates (built by sort and merge)."""
 
     def build() -> KernelMap:
         started = time.perf_counter()
-        out_in = ops.kmap_out_in(cache.hash_table(coords), coords, *geometry.args(), OUT_IN_ROW_PADDING,
-                                 geometry.is_centred)
+        out_in = ops.kmap_submanifold(coords, geometry.kernel_size, geometry.dilation, geometry.padding,
+                                      OUT_IN_ROW_PADDING)
         return KernelMap(coords, coords, geometry, "submanifold", out_in, spatial_range, spatial_range,
                          time.perf_counter() - started)
 
@@ -51,8 +50,7 @@ def strided_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGeome
             if min(out_range) < 1:
                 raise ValueError(f"spatial_range {spatial_range} is smaller than the kernel extent: "
                                  f"the dense output size would be {out_range}")
-        out_coords, out_in, table = ops.kmap_downsample(coords, *geometry.args(), mode, clip, OUT_IN_ROW_PADDING)
-        cache.add_hash_table(out_coords, table)
+        out_coords, out_in, _ = ops.kmap_downsample(coords, *geometry.args(), mode, clip, OUT_IN_ROW_PADDING)
         return KernelMap(coords, out_coords, geometry, mode, out_in, spatial_range, out_range,
                          time.perf_counter() - started)
 
@@ -71,8 +69,7 @@ def generative_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGe
         fine_range = None if spatial_range is None else geometry.transposed_output_size(spatial_range)
         if fine_range is not None and min(fine_range) < 1:
             raise ValueError(f"spatial_range {spatial_range} gives an empty transposed output {fine_range}")
-        fine, out_in, table = ops.kmap_generative(coords, *geometry.args(), fine_range, OUT_IN_ROW_PADDING)
-        cache.add_hash_table(fine, table)
+        fine, out_in, _ = ops.kmap_generative(coords, *geometry.args(), fine_range, OUT_IN_ROW_PADDING)
         return KernelMap(fine, coords, geometry, "generative", out_in, fine_range, spatial_range,
                          time.perf_counter() - started)
 

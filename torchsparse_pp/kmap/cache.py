@@ -1,16 +1,14 @@
-"""Caches of coordinate hash tables and kernel maps, shared by every tensor of one network pass.
+"""Cache of kernel maps, shared by every tensor of one network pass.
 
 A SparseTensor made by the user starts a cache; tensors derived from it (conv outputs, norms,
 activations) share it by reference, so layers reuse maps with no user-supplied keys. Entries are
 keyed by what defines a map: the identity of the input coordinate set and the geometry and mode.
 """
-import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
-from .. import ops
 from .geometry import ConvGeometry, Triple
 from .kernel_map import KernelMap
 
@@ -27,9 +25,7 @@ class KernelMapCache:
     def __init__(self) -> None:
         # id(tensor) -> (token, tensor); holding the tensor keeps its id from being reused.
         self._coords: Dict[int, Tuple[int, torch.Tensor]] = {}
-        self._tables: Dict[int, torch.Tensor] = {}
         self._maps: Dict[KernelMapKey, KernelMap] = {}
-        self.hash_seconds = 0.0
 
     def token(self, coords: torch.Tensor) -> int:
         """A small integer naming this coordinate tensor (by identity, not by value)."""
@@ -38,20 +34,6 @@ class KernelMapCache:
             entry = (len(self._coords), coords)
             self._coords[id(coords)] = entry
         return entry[0]
-
-    def hash_table(self, coords: torch.Tensor) -> torch.Tensor:
-        token = self.token(coords)
-        table = self._tables.get(token)
-        if table is None:
-            start = time.perf_counter()
-            table = ops.hash_build(coords)
-            self.hash_seconds += time.perf_counter() - start
-            self._tables[token] = table
-        return table
-
-    def add_hash_table(self, coords: torch.Tensor, table: torch.Tensor) -> None:
-        """Keeps the table a map build made for new coordinates, for later maps on them."""
-        self._tables[self.token(coords)] = table
 
     def kernel_map(self, key: KernelMapKey, build: Callable[[], KernelMap]) -> KernelMap:
         kmap = self._maps.get(key)
@@ -65,9 +47,7 @@ class KernelMapCache:
 
     def clear(self) -> None:
         self._coords.clear()
-        self._tables.clear()
         self._maps.clear()
-        self.hash_seconds = 0.0
 
     def __len__(self) -> int:
         return len(self._maps)

@@ -1,6 +1,6 @@
 """A kernel map between an input coordinate set P and an output set Q, with its two views."""
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -44,7 +44,9 @@ class KernelMap:
         self.in_range = in_range
         self.out_range = out_range
         self.build_seconds = build_seconds
-        self._pairs: Optional[PairsView] = None
+        self._pairs: Dict[str, PairsView] = {}
+        self._in_out: Optional[torch.Tensor] = None
+        self._plans: Dict[Tuple[str, int, int, int], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     @property
     def num_in(self) -> int:
@@ -56,9 +58,43 @@ class KernelMap:
 
     @property
     def pairs(self) -> PairsView:
-        if self._pairs is None:
-            self._pairs = PairsView(*ops.kmap_pairs(self.out_in, self.num_in, self.num_out))
-        return self._pairs
+        """Pairs of each offset sorted by output row."""
+        return self.pairs_sorted_by("out")
+
+    def pairs_sorted_by(self, side: str) -> PairsView:
+        """The same pairs, sorted within each offset by output row ('out') or input row ('in')."""
+        if side not in self._pairs:
+            if side == "out":
+                self._pairs[side] = PairsView(*ops.kmap_pairs(self.out_in, self.num_in, self.num_out))
+            elif side == "in":
+                # Pairs of the transposed table come sorted by input; swap back to map roles.
+                outs, ins, offsets, identity = ops.kmap_pairs(self.in_out, self.num_out, self.num_in)
+                self._pairs[side] = PairsView(ins, outs, offsets, identity)
+            else:
+                raise ValueError(f"side must be 'out' or 'in', got {side!r}")
+        return self._pairs[side]
+
+    @property
+    def in_out(self) -> torch.Tensor:
+        """Output-stationary view of the transposed map: ``in_out[p, k]`` = the output that reads
+        input p through offset k (-1 if none), rows padded like ``out_in``."""
+        if self._in_out is None:
+            self._in_out = ops.kmap_transpose(self.out_in, self.num_out, self.num_in, OUT_IN_ROW_PADDING)
+        return self._in_out
+
+    def table(self, side: str) -> torch.Tensor:
+        """``out_in`` (rows are outputs, side 'out') or ``in_out`` (rows are inputs, side 'in')."""
+        if side not in ("out", "in"):
+            raise ValueError(f"side must be 'out' or 'in', got {side!r}")
+        return self.out_in if side == "out" else self.in_out
+
+    def plan(self, side: str, split_mask_num: int, tile_rows: int, sort_window: int = 0):
+        """Cached implicit-GEMM plan ``(bounds, order, tile_masks)`` of one table (see kmap_plan)."""
+        key = (side, split_mask_num, tile_rows, sort_window)
+        if key not in self._plans:
+            rows = self.num_out if side == "out" else self.num_in
+            self._plans[key] = ops.kmap_plan(self.table(side), rows, split_mask_num, tile_rows, sort_window)
+        return self._plans[key]
 
     def __repr__(self) -> str:
         g = self.geometry

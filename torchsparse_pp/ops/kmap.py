@@ -20,6 +20,13 @@ def kmap_out_in(table: torch.Tensor, out_coords: torch.Tensor, kernel_size: Sequ
                             list(padding), pad_rows_to, submanifold)
 
 
+def kmap_submanifold(coords: torch.Tensor, kernel_size: Sequence[int], dilation: Sequence[int],
+                     padding: Sequence[int], pad_rows_to: int) -> torch.Tensor:
+    """Submanifold map ``out_in`` (outputs = ``coords``, stride 1) by sort and merge, rows padded
+    with -1 to ``pad_rows_to``. Raises for duplicate coordinates."""
+    return _ops.kmap_submanifold(coords, list(kernel_size), list(dilation), list(padding), pad_rows_to)
+
+
 def kmap_downsample(coords: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int],
                     dilation: Sequence[int], padding: Sequence[int], mode: str,
                     out_range: Optional[Sequence[int]], pad_rows_to: int) -> Tensors3:
@@ -55,6 +62,24 @@ def kmap_pairs(out_in: torch.Tensor, num_in: int, num_out: int
     return _ops.kmap_pairs(out_in, num_in, num_out)
 
 
+def kmap_transpose(out_in: torch.Tensor, num_out: int, num_in: int, pad_rows_to: int) -> torch.Tensor:
+    """``in_out[p, k] = q`` wherever ``out_in[q, k] = p``: the table of the transposed map."""
+    return _ops.kmap_transpose(out_in, num_out, num_in, pad_rows_to)
+
+
+def kmap_plan(table: torch.Tensor, num_rows: int, split_mask_num: int, tile_rows: int,
+              sort_window: int = 0) -> Tensors3:
+    """Execution plan of an output-stationary table: ``(bounds, order, tile_masks)``.
+
+    The offsets split into ``max(1, split_mask_num)`` contiguous ranges (``bounds``). With
+    ``split_mask_num > 0`` the rows are sorted per split by their neighbour bitmask, descending
+    (``order``, -1 padded to whole tiles); otherwise ``order`` is empty. ``tile_masks`` holds,
+    per split and tile of ``tile_rows`` rows, the OR of the rows' bitmasks in 64-bit words.
+    ``sort_window > 0`` sorts within consecutive windows of that many rows only.
+    """
+    return _ops.kmap_plan(table, num_rows, split_mask_num, tile_rows, sort_window)
+
+
 def _padded(rows, pad_rows_to):
     return (rows + pad_rows_to - 1) // pad_rows_to * pad_rows_to
 
@@ -74,6 +99,12 @@ def _kmap_out_in_fake(table, out_coords, kernel_size, stride, dilation, padding,
     return out_coords.new_empty(_padded(out_coords.shape[0], pad_rows_to), volume)
 
 
+@torch.library.register_fake("torchsparse_pp::kmap_submanifold")
+def _kmap_submanifold_fake(coords, kernel_size, dilation, padding, pad_rows_to):
+    volume = kernel_size[0] * kernel_size[1] * kernel_size[2]
+    return coords.new_empty(_padded(coords.shape[0], pad_rows_to), volume)
+
+
 @torch.library.register_fake("torchsparse_pp::kmap_downsample")
 def _kmap_downsample_fake(coords, kernel_size, stride, dilation, padding, mode, out_range, pad_rows_to):
     return _new_set_fake(coords, kernel_size, pad_rows_to, None)
@@ -82,6 +113,22 @@ def _kmap_downsample_fake(coords, kernel_size, stride, dilation, padding, mode, 
 @torch.library.register_fake("torchsparse_pp::kmap_generative")
 def _kmap_generative_fake(coords, kernel_size, stride, dilation, padding, out_range, pad_rows_to):
     return _new_set_fake(coords, kernel_size, pad_rows_to, coords.shape[0])
+
+
+@torch.library.register_fake("torchsparse_pp::kmap_transpose")
+def _kmap_transpose_fake(out_in, num_out, num_in, pad_rows_to):
+    return out_in.new_empty(_padded(num_in, pad_rows_to), out_in.shape[1])
+
+
+@torch.library.register_fake("torchsparse_pp::kmap_plan")
+def _kmap_plan_fake(table, num_rows, split_mask_num, tile_rows, sort_window=0):
+    volume = table.shape[1]
+    splits = max(1, split_mask_num)
+    tiles = (num_rows + tile_rows - 1) // tile_rows
+    words = (-(-volume // splits) + 63) // 64
+    order_rows = splits if split_mask_num > 0 else 0
+    return (table.new_empty(splits + 1, dtype=torch.int64), table.new_empty(order_rows, tiles * tile_rows),
+            table.new_empty(splits, tiles, words, dtype=torch.int64))
 
 
 @torch.library.register_fake("torchsparse_pp::kmap_pairs")

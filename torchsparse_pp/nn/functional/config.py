@@ -1,33 +1,141 @@
-"""ConvConfig: which dataflow a convolution runs, and the check that it exists on a device."""
+"""Which dataflow a convolution runs, with its parameters, per pass (forward, dgrad, wgrad).
+
+A ConvConfig is a frozen value. Each conv resolves its configs in this order: the ``config``
+argument (or ``Conv3d.config``), else the global default (``set_default_config`` /
+``default_config``), else ``ConvConfig()``. A ConvConfig may be given for all three passes or
+as a ``PassConfigs`` / 3-tuple ``(forward, dgrad, wgrad)``.
+"""
+import contextlib
+import contextvars
 from dataclasses import dataclass
+from typing import Optional, Sequence, Union
 
 DATAFLOWS = ("gather_scatter", "fetch_on_demand", "implicit_gemm")
 
-# Dataflows that have kernels, per device type. The others are named but not built yet.
-IMPLEMENTED = {"cpu": ("gather_scatter",)}
+# Dataflows that have kernels, per device type.
+IMPLEMENTED = {"cpu": DATAFLOWS}
+
+# Parameters each dataflow takes; the others must stay unset.
+_PARAMETERS = {
+    "gather_scatter": ("epsilon", "mm_thresh"),
+    "fetch_on_demand": (),
+    "implicit_gemm": ("sorted", "split_mask_num"),
+}
 
 
 @dataclass(frozen=True)
 class ConvConfig:
-    """The dataflow of a convolution: 'gather_scatter' (implemented on the CPU),
-    'fetch_on_demand' or 'implicit_gemm' (not implemented yet; selecting them raises)."""
+    """One pass's dataflow and its parameters.
+
+    - ``gather_scatter``: ``epsilon`` in [0, 1] (default 0: one GEMM per offset) and
+      ``mm_thresh`` >= 0 (default 0): offsets with fewer than ``mm_thresh`` pairs whose counts
+      are within ``epsilon`` (relative) of each other are padded and batched into one GEMM.
+    - ``fetch_on_demand``: no parameters.
+    - ``implicit_gemm``: ``sorted`` and ``split_mask_num``. ``split_mask_num = 0`` is unsorted;
+      ``sorted=True`` reorders output rows by neighbour bitmask within each of
+      ``split_mask_num >= 1`` (default 1) ranges of offsets. A kernel with fewer offsets than
+      splits uses one split per offset.
+
+    Setting a parameter of another dataflow, or an inconsistent pair, raises ValueError.
+    """
     dataflow: str = "gather_scatter"
+    sorted: Optional[bool] = None
+    split_mask_num: Optional[int] = None
+    epsilon: Optional[float] = None
+    mm_thresh: Optional[int] = None
 
     def __post_init__(self):
         if self.dataflow not in DATAFLOWS:
             raise ValueError(f"unknown dataflow {self.dataflow!r}; expected one of {DATAFLOWS}")
+        allowed = _PARAMETERS[self.dataflow]
+        for name in ("sorted", "split_mask_num", "epsilon", "mm_thresh"):
+            if name not in allowed and getattr(self, name) is not None:
+                raise ValueError(f"{name} does not apply to the {self.dataflow} dataflow "
+                                 f"(its parameters: {', '.join(allowed) or 'none'})")
+        if self.dataflow == "gather_scatter":
+            self._fill(epsilon=0.0 if self.epsilon is None else float(self.epsilon),
+                       mm_thresh=0 if self.mm_thresh is None else self.mm_thresh)
+            if not 0.0 <= self.epsilon <= 1.0:
+                raise ValueError(f"epsilon must be in [0, 1], got {self.epsilon}")
+            if isinstance(self.mm_thresh, bool) or not isinstance(self.mm_thresh, int) or self.mm_thresh < 0:
+                raise ValueError(f"mm_thresh must be an int >= 0, got {self.mm_thresh!r}")
+        elif self.dataflow == "implicit_gemm":
+            split = self.split_mask_num
+            if split is not None and (isinstance(split, bool) or not isinstance(split, int) or split < 0):
+                raise ValueError(f"split_mask_num must be an int >= 0, got {split!r}")
+            if self.sorted is not None and not isinstance(self.sorted, bool):
+                raise ValueError(f"sorted must be a bool, got {self.sorted!r}")
+            is_sorted = self.sorted if self.sorted is not None else bool(split)
+            split = (1 if is_sorted else 0) if split is None else split
+            if is_sorted != (split > 0):
+                raise ValueError(f"sorted={is_sorted} needs split_mask_num {'>= 1' if is_sorted else '= 0'}, "
+                                 f"got {split} (split_mask_num = 0 means unsorted)")
+            self._fill(sorted=is_sorted, split_mask_num=split)
+
+    def _fill(self, **values):
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
 
-def check_config(config, device_type: str) -> ConvConfig:
-    """Returns the config to run on ``device_type``; unimplemented dataflows raise, never fall back."""
-    if config is None:
-        config = ConvConfig()
-    if not isinstance(config, ConvConfig):
-        raise TypeError(f"config must be a ConvConfig or None, got {type(config).__name__}")
+@dataclass(frozen=True)
+class PassConfigs:
+    """Configs of the three passes of one convolution."""
+    forward: ConvConfig
+    dgrad: ConvConfig
+    wgrad: ConvConfig
+
+    def __post_init__(self):
+        for name in ("forward", "dgrad", "wgrad"):
+            if not isinstance(getattr(self, name), ConvConfig):
+                raise TypeError(f"PassConfigs.{name} must be a ConvConfig, got {type(getattr(self, name)).__name__}")
+
+    @staticmethod
+    def of(config: "ConfigLike") -> "PassConfigs":
+        if isinstance(config, PassConfigs):
+            return config
+        if isinstance(config, ConvConfig):
+            return PassConfigs(config, config, config)
+        if isinstance(config, (tuple, list)) and len(config) == 3:
+            return PassConfigs(*config)
+        raise TypeError("a conv config must be a ConvConfig, a PassConfigs or a (forward, dgrad, wgrad) "
+                        f"tuple of ConvConfigs, got {config!r}")
+
+    def __iter__(self):
+        return iter((self.forward, self.dgrad, self.wgrad))
+
+
+ConfigLike = Union[ConvConfig, PassConfigs, Sequence[ConvConfig]]
+
+_default: contextvars.ContextVar = contextvars.ContextVar("torchsparse_pp_default_config", default=None)
+
+
+def set_default_config(config: Optional[ConfigLike]) -> None:
+    """Sets the configs used by convs that have none of their own (None restores ConvConfig())."""
+    _default.set(None if config is None else PassConfigs.of(config))
+
+
+def get_default_config() -> PassConfigs:
+    return _default.get() or PassConfigs.of(ConvConfig())
+
+
+@contextlib.contextmanager
+def default_config(config: ConfigLike):
+    """Context manager form of set_default_config."""
+    token = _default.set(PassConfigs.of(config))
+    try:
+        yield
+    finally:
+        _default.reset(token)
+
+
+def resolve_configs(config: Optional[ConfigLike], device_type: str) -> PassConfigs:
+    """The configs a conv runs with on ``device_type``; unimplemented dataflows raise, never fall back."""
+    configs = get_default_config() if config is None else PassConfigs.of(config)
     available = IMPLEMENTED.get(device_type, ())
-    if config.dataflow not in available:
-        raise NotImplementedError(
-            f"dataflow {config.dataflow!r} is not implemented on {device_type} yet"
-            + (f"; available there: {', '.join(available)}" if available
-               else f"; torchsparse_pp has no {device_type} kernels in this build"))
-    return config
+    for name, cfg in zip(("forward", "dgrad", "wgrad"), configs):
+        if cfg.dataflow not in available:
+            raise NotImplementedError(
+                f"dataflow {cfg.dataflow!r} ({name} pass) is not implemented on {device_type} yet"
+                + (f"; available there: {', '.join(available)}" if available
+                   else f"; torchsparse_pp has no {device_type} kernels in this build"))
+    return configs

@@ -7,12 +7,13 @@ from typing import Optional
 
 import torch
 
+from ... import backends
 from ...kmap import (ConvGeometry, KernelMap, generative_map, strided_map, submanifold_map,
                      transposed_source_map)
 from ...kmap.geometry import IntOr3
 from ...tensor import SparseTensor
-from .config import ConvConfig, check_config
-from .gather_scatter import GatherScatterConv
+from .config import ConfigLike, PassConfigs, resolve_configs
+from .dataflows import OrientedMap, SparseConvFunction
 
 SUPPORTED_DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16)}
 
@@ -51,16 +52,9 @@ def _cast_operands(feats: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     return feats, weight, bias
 
 
-# Autograd functions of the implemented dataflows; check_config admits only these.
-_DATAFLOW_FUNCTIONS = {"gather_scatter": GatherScatterConv}
-
-
-def _run(config: ConvConfig, feats, weight, kmap: KernelMap, transposed: bool) -> torch.Tensor:
-    pairs = kmap.pairs
-    src, dst = (pairs.out_idx, pairs.in_idx) if transposed else (pairs.in_idx, pairs.out_idx)
-    num_dst = kmap.num_in if transposed else kmap.num_out
-    function = _DATAFLOW_FUNCTIONS[config.dataflow]
-    return function.apply(feats, weight, src, dst, pairs.offsets, pairs.identity, num_dst)
+def _run(configs: PassConfigs, feats, weight, kmap: KernelMap, transposed: bool) -> torch.Tensor:
+    view = OrientedMap(kmap, transposed)
+    return SparseConvFunction.apply(feats, weight, view, configs, backends.deterministic)
 
 
 def _finer_stride(input: SparseTensor, geometry: ConvGeometry):
@@ -73,7 +67,7 @@ def _finer_stride(input: SparseTensor, geometry: ConvGeometry):
 def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size: IntOr3,
            bias: Optional[torch.Tensor] = None, stride: IntOr3 = 1, dilation: IntOr3 = 1,
            padding: Optional[IntOr3] = None, transposed: bool = False, generative: bool = False,
-           downsample_mode: str = "spconv", config: Optional[ConvConfig] = None) -> SparseTensor:
+           downsample_mode: str = "spconv", config: Optional[ConfigLike] = None) -> SparseTensor:
     """Sparse convolution of ``input`` with ``weight [K, C_in, C_out]``.
 
     - stride 1: submanifold, outputs on the input coordinates;
@@ -82,13 +76,15 @@ def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size: IntOr3,
       ``input``'s coordinates; outputs on the finer coordinates it came from;
     - ``transposed`` and ``generative``: outputs on every site conv_transpose3d writes.
 
-    ``padding=None`` centres odd kernels (d*(k-1)/2) and uses 0 for even ones.
+    ``padding=None`` centres odd kernels (d*(k-1)/2) and uses 0 for even ones. ``config`` picks
+    the dataflow of each pass (a ConvConfig, or forward/dgrad/wgrad configs); None uses the
+    global default (see nn.functional.config).
     """
     geometry = ConvGeometry.make(kernel_size, stride, dilation, padding)
     if generative and not transposed:
         raise ValueError("generative=True needs transposed=True (it is a generative transposed conv)")
     _check_operands(input, weight, bias, geometry)
-    config = check_config(config, input.device.type)
+    configs = resolve_configs(config, input.device.type)
     feats, weight, bias = _cast_operands(input.F, weight, bias)
     cache, coords = input.cache, input.C
     stride_out, range_out = input.s, input.spatial_range
@@ -101,7 +97,7 @@ def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size: IntOr3,
         else:
             kmap = strided_map(cache, coords, geometry, downsample_mode, input.spatial_range)
             stride_out = tuple(t * s for t, s in zip(input.s, geometry.stride))
-        out = _run(config, feats, weight, kmap, transposed=False)
+        out = _run(configs, feats, weight, kmap, transposed=False)
         coords, range_out = kmap.out_coords, kmap.out_range
     else:
         stride_out = _finer_stride(input, geometry)
@@ -118,7 +114,7 @@ def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size: IntOr3,
                     f"{input.s} has no matching strided conv: no conv with this geometry produced these "
                     "coordinates in this network pass. Run the matching strided conv first, or use "
                     "generative=True to create new coordinates.")
-        out = _run(config, feats, weight, kmap, transposed=True)
+        out = _run(configs, feats, weight, kmap, transposed=True)
         coords, range_out = kmap.in_coords, kmap.in_range
 
     if bias is not None:

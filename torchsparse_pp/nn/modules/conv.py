@@ -9,7 +9,7 @@ from ...kmap import DOWNSAMPLE_MODES, ConvGeometry
 from ...kmap.geometry import IntOr3
 from ...tensor import SparseTensor
 from .. import functional as F
-from ..functional.config import ConvConfig
+from ..functional.config import ConfigLike, PassConfigs
 
 
 class Conv3d(nn.Module):
@@ -19,13 +19,14 @@ class Conv3d(nn.Module):
     output set of ``downsample_mode`` ('spconv' or 'minkowski'); ``transposed`` inverts the
     strided conv of the same geometry that made the input's coordinates; ``generative`` (with
     ``transposed``) creates every site conv_transpose3d writes. ``padding=None`` centres odd
-    kernels. A 1x1x1 stride-1 conv is one dense GEMM and needs no kernel map.
+    kernels. A 1x1x1 stride-1 conv is one dense GEMM and needs no kernel map. ``config`` (also
+    settable later as ``conv.config``) is a ConvConfig for all passes or per-pass configs.
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOr3 = 3,
                  stride: IntOr3 = 1, padding: Optional[IntOr3] = None, dilation: IntOr3 = 1,
                  bias: bool = False, transposed: bool = False, generative: bool = False,
-                 downsample_mode: str = "spconv", config: Optional[ConvConfig] = None):
+                 downsample_mode: str = "spconv", config: Optional[ConfigLike] = None):
         super().__init__()
         if in_channels < 1 or out_channels < 1:
             raise ValueError(f"channel counts must be positive, got {in_channels} -> {out_channels}")
@@ -43,14 +44,13 @@ class Conv3d(nn.Module):
         self.reset_parameters()
 
     @property
-    def config(self) -> Optional[ConvConfig]:
+    def config(self) -> Optional[PassConfigs]:
+        """Dataflow configs of this conv's forward, dgrad and wgrad; None follows the global default."""
         return self._config
 
     @config.setter
-    def config(self, value: Optional[ConvConfig]) -> None:
-        if value is not None and not isinstance(value, ConvConfig):
-            raise TypeError(f"config must be a ConvConfig or None, got {type(value).__name__}")
-        self._config = value
+    def config(self, value: Optional[ConfigLike]) -> None:
+        self._config = None if value is None else PassConfigs.of(value)
 
     @property
     def kernel_size(self) -> Tuple[int, int, int]:

@@ -1,0 +1,107 @@
+// Argument checks shared by the CPU dataflow kernels.
+#include "checks_cpu.h"
+
+#include <ATen/Parallel.h>
+
+#include <atomic>
+
+namespace torchsparse_pp {
+
+namespace {
+
+// True when every value of a contiguous int32 tensor lies in [lo, hi).
+bool all_in_range(const at::Tensor& t, int64_t lo, int64_t hi) {
+  const int32_t* v = t.data_ptr<int32_t>();
+  std::atomic<bool> ok{true};
+  at::parallel_for(0, t.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      if (v[i] < lo || v[i] >= hi) ok = false;
+  });
+  return ok;
+}
+
+}  // namespace
+
+void check_feats(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 2, name, " must be 2-D [N, C], got ", t.sizes());
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU for this kernel");
+  const auto st = t.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kDouble || st == at::kBFloat16, name,
+              ": the CPU kernels support float32, float64 and bfloat16, got ", st);
+}
+
+std::pair<int64_t, int64_t> check_weight(const at::Tensor& weight, const at::Tensor& feats,
+                                         bool transpose_weight) {
+  TORCH_CHECK(weight.dim() == 3, "weight must be [K, C_in, C_out], got ", weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == feats.scalar_type(), "weight dtype ", weight.scalar_type(),
+              " does not match feats dtype ", feats.scalar_type());
+  const int64_t c_src = transpose_weight ? weight.size(2) : weight.size(1);
+  const int64_t c_dst = transpose_weight ? weight.size(1) : weight.size(2);
+  TORCH_CHECK(feats.size(1) == c_src, "feats have ", feats.size(1),
+              " channels but the weight expects ", c_src);
+  return {c_src, c_dst};
+}
+
+void check_pairs(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at::Tensor& offsets,
+                 const at::Tensor& identity, int64_t K, int64_t num_src, int64_t num_dst) {
+  TORCH_CHECK(src_idx.scalar_type() == at::kInt && dst_idx.scalar_type() == at::kInt &&
+                  src_idx.dim() == 1 && src_idx.sizes() == dst_idx.sizes(),
+              "pair indices must be two int32 vectors of equal length");
+  TORCH_CHECK(offsets.scalar_type() == at::kLong && offsets.dim() == 1 && offsets.size(0) == K + 1,
+              "offsets must be an int64 vector of length K + 1 = ", K + 1, ", got ",
+              offsets.sizes());
+  TORCH_CHECK(identity.scalar_type() == at::kBool && identity.dim() == 1 && identity.size(0) == K,
+              "identity must be a bool vector of length K = ", K);
+  for (const auto* t : {&src_idx, &dst_idx, &offsets, &identity})
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous(),
+                "pair tensors must be contiguous CPU tensors");
+  TORCH_CHECK(num_dst >= 0, "num_dst must be >= 0, got ", num_dst);
+  const int64_t* off = offsets.data_ptr<int64_t>();
+  TORCH_CHECK(off[0] == 0 && off[K] == src_idx.size(0), "offsets must start at 0 and end at the "
+              "number of pairs (", src_idx.size(0), "), got ", off[0], " and ", off[K]);
+  for (int64_t k = 0; k < K; ++k)
+    TORCH_CHECK(off[k] <= off[k + 1], "offsets must be non-decreasing, got offsets[", k, "] = ",
+                off[k], " > offsets[", k + 1, "] = ", off[k + 1]);
+  TORCH_CHECK(all_in_range(src_idx, 0, num_src), "a source index is out of range [0, ", num_src, ")");
+  TORCH_CHECK(all_in_range(dst_idx, 0, num_dst), "a destination index is out of range [0, ",
+              num_dst, ")");
+  // An identity offset skips gather and scatter, so its flag must really mean (j, j) for all j.
+  const bool* id = identity.data_ptr<bool>();
+  const int32_t* src = src_idx.data_ptr<int32_t>();
+  const int32_t* dst = dst_idx.data_ptr<int32_t>();
+  for (int64_t k = 0; k < K; ++k) {
+    if (!id[k]) continue;
+    TORCH_CHECK(off[k + 1] - off[k] == num_src && num_src == num_dst, "identity[", k,
+                "] is set but offset ", k, " does not pair all ", num_src, " sources with as many "
+                "destinations");
+    for (int64_t j = off[k]; j < off[k + 1]; ++j)
+      TORCH_CHECK(src[j] == j - off[k] && dst[j] == j - off[k], "identity[", k,
+                  "] is set but offset ", k, " does not map every row j to row j");
+  }
+}
+
+void check_pairs_sorted_by_dst(const at::Tensor& dst_idx, const at::Tensor& offsets, int64_t K) {
+  const int32_t* dst = dst_idx.data_ptr<int32_t>();
+  const int64_t* off = offsets.data_ptr<int64_t>();
+  std::atomic<bool> sorted{true};
+  at::parallel_for(0, K, 1, [&](int64_t kb, int64_t ke) {
+    for (int64_t k = kb; k < ke; ++k)
+      for (int64_t j = off[k] + 1; j < off[k + 1]; ++j)
+        if (dst[j] <= dst[j - 1]) sorted = false;
+  });
+  TORCH_CHECK(sorted.load(), "fetch-on-demand needs the pairs of each offset sorted by destination "
+              "(unique, ascending), as kmap_pairs returns them");
+}
+
+void check_table(const at::Tensor& table, int64_t num_rows, int64_t K, int64_t num_src) {
+  TORCH_CHECK(table.scalar_type() == at::kInt && table.dim() == 2 && table.size(1) == K &&
+                  table.is_contiguous() && table.device().is_cpu(),
+              "the map must be a contiguous int32 [rows, K = ", K, "] CPU tensor, got ",
+              table.scalar_type(), " ", table.sizes());
+  TORCH_CHECK(num_rows >= 0 && num_rows <= table.size(0), "num rows (", num_rows,
+              ") must be in [0, ", table.size(0), "]");
+  TORCH_CHECK(all_in_range(table.narrow(0, 0, num_rows), -1, num_src),
+              "the map holds a row index outside [-1, ", num_src, ")");
+}
+
+}  // namespace torchsparse_pp

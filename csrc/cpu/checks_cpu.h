@@ -1,0 +1,28 @@
+// Argument checks shared by the CPU dataflow kernels. The ops are public (torch.ops), so every
+// index they will follow is validated before any kernel runs.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace torchsparse_pp {
+
+// Feature matrix [N, C] of a supported dtype.
+void check_feats(const at::Tensor& t, const char* name);
+
+// Weight [K, C_in, C_out] of the feats' dtype; returns (C_src, C_dst) for the multiplication
+// direction (transposed weights multiply by W[k]^T).
+std::pair<int64_t, int64_t> check_weight(const at::Tensor& weight, const at::Tensor& feats,
+                                         bool transpose_weight);
+
+// Weight-stationary pairs: offsets [K + 1] bound the pairs of each offset, indices lie in
+// [0, num_src) and [0, num_dst), and identity[k] really means pairs (j, j) for every row.
+void check_pairs(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at::Tensor& offsets,
+                 const at::Tensor& identity, int64_t K, int64_t num_src, int64_t num_dst);
+
+// Destinations ascend within each offset (the order kmap_pairs produces).
+void check_pairs_sorted_by_dst(const at::Tensor& dst_idx, const at::Tensor& offsets, int64_t K);
+
+// Output-stationary table [rows >= num_rows, K] with entries in [-1, num_src).
+void check_table(const at::Tensor& table, int64_t num_rows, int64_t K, int64_t num_src);
+
+}  // namespace torchsparse_pp

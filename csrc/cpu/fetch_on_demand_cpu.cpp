@@ -1,0 +1,52 @@
+// Fetch-on-demand dataflow on the CPU: chunks of each offset's pairs are gathered into
+// thread-local tiles, multiplied, and scatter-added block by block of destination rows; no
+// gathered matrix ever goes to DRAM (see pair_tiles.h).
+#include <ATen/Dispatch.h>
+#include <torch/library.h>
+
+#include "checks_cpu.h"
+#include "pair_tiles.h"
+
+namespace torchsparse_pp {
+
+at::Tensor fetch_on_demand_forward_cpu(const at::Tensor& feats_in, const at::Tensor& weight_in,
+                                       const at::Tensor& src_idx, const at::Tensor& dst_idx,
+                                       const at::Tensor& offsets, const at::Tensor& identity,
+                                       int64_t num_dst, bool transpose_weight) {
+  check_feats(feats_in, "feats");
+  check_weight(weight_in, feats_in, transpose_weight);
+  check_pairs(src_idx, dst_idx, offsets, identity, weight_in.size(0), feats_in.size(0), num_dst);
+  check_pairs_sorted_by_dst(dst_idx, offsets, weight_in.size(0));
+  const auto feats = feats_in.contiguous();
+  at::Tensor out;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, feats.scalar_type(), "fetch_on_demand_forward_cpu", [&] {
+    out = pairs_forward_tiled<scalar_t>(feats, weight_in, src_idx, dst_idx, offsets, identity, num_dst,
+                                        transpose_weight);
+  });
+  return out;
+}
+
+at::Tensor fetch_on_demand_wgrad_cpu(const at::Tensor& feats_in, const at::Tensor& grad_in,
+                                     const at::Tensor& src_idx, const at::Tensor& dst_idx,
+                                     const at::Tensor& offsets, const at::Tensor& identity) {
+  check_feats(feats_in, "feats");
+  check_feats(grad_in, "grad_out");
+  TORCH_CHECK(feats_in.scalar_type() == grad_in.scalar_type(), "feats dtype ",
+              feats_in.scalar_type(), " does not match grad_out dtype ", grad_in.scalar_type());
+  const int64_t K = identity.size(0);
+  check_pairs(src_idx, dst_idx, offsets, identity, K, feats_in.size(0), grad_in.size(0));
+  const auto feats = feats_in.contiguous();
+  const auto grad = grad_in.contiguous();
+  at::Tensor dweight;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, feats.scalar_type(), "fetch_on_demand_wgrad_cpu", [&] {
+    dweight = pairs_wgrad_tiled<scalar_t>(feats, grad, src_idx, dst_idx, offsets, K);
+  });
+  return dweight;
+}
+
+TORCH_LIBRARY_IMPL(torchsparse_pp, CPU, m) {
+  m.impl("fetch_on_demand_forward", &fetch_on_demand_forward_cpu);
+  m.impl("fetch_on_demand_wgrad", &fetch_on_demand_wgrad_cpu);
+}
+
+}  // namespace torchsparse_pp

@@ -1,0 +1,286 @@
+// Implicit-GEMM dataflow on the CPU: output-stationary over tiles of output rows.
+//
+// A tile gathers, for each offset that any of its rows uses (the OR of the rows' bitmasks),
+// the rows' neighbours into an im2col block (zeros where a row has none) and multiplies it by
+// the matching rows of the stacked weight [K * C_in, C_out]. Runs of consecutive offsets are
+// contiguous in the weight, so each run is one GEMM and weights are never copied. Each output
+// row belongs to one tile, so results are written straight to the output, without atomics.
+//
+// A plan (kmap_plan) splits the offsets into ranges; sorted plans reorder rows by bitmask per
+// split so that tiles share masks and skip more offsets. Consecutive tiles with equal masks run
+// as one segment, so small tiles (little waste) still make GEMMs with many rows. With several
+// splits every split writes its own partial buffer, and the buffers are added in split order.
+#include <ATen/Dispatch.h>
+#include <torch/library.h>
+
+#include "checks_cpu.h"
+#include "tile_gemm.h"
+
+namespace torchsparse_pp {
+
+namespace {
+
+// A segment has at most this many rows, and its im2col block at most kIm2colValues values.
+constexpr int64_t kMaxSegmentRows = 128;
+constexpr int64_t kIm2colValues = int64_t(1) << 17;
+
+struct Plan {
+  int64_t splits, tiles, words, tile_rows, padded;
+  const int64_t* bounds;     // [splits + 1] offset ranges
+  const int32_t* order;      // [splits, padded] sorted rows (-1 pads), or null when unsorted
+  const uint64_t* masks;     // [splits, tiles, words] OR of the tile's row bitmasks
+  int64_t num_rows;
+
+  // Output row at position pos of split s's row order, or -1.
+  int64_t row(int64_t s, int64_t pos) const {
+    if (order != nullptr) return order[s * padded + pos];
+    return pos < num_rows ? pos : -1;
+  }
+
+  const uint64_t* mask(int64_t s, int64_t t) const { return masks + (s * tiles + t) * words; }
+
+  // Calls fn(k0, k1) for every run [k0, k1) of consecutive offsets set in the tile's mask.
+  template <typename Fn>
+  void for_each_run(int64_t s, int64_t t, Fn&& fn) const {
+    const uint64_t* mask = this->mask(s, t);
+    const int64_t b0 = bounds[s], b1 = bounds[s + 1];
+    int64_t start = -1;
+    for (int64_t k = b0; k <= b1; ++k) {
+      const bool set = k < b1 && ((mask[(k - b0) / 64] >> ((k - b0) % 64)) & 1);
+      if (set && start < 0) start = k;
+      if (!set && start >= 0) {
+        fn(start, k);
+        start = -1;
+      }
+    }
+  }
+};
+
+// Consecutive tiles of one split with equal masks, up to kMaxSegmentRows rows.
+struct Segment {
+  int64_t split, t0, t1;
+};
+
+std::vector<Segment> segments(const Plan& plan) {
+  const int64_t max_tiles = std::max<int64_t>(1, kMaxSegmentRows / plan.tile_rows);
+  std::vector<Segment> out;
+  for (int64_t s = 0; s < plan.splits; ++s)
+    for (int64_t t = 0; t < plan.tiles;) {
+      int64_t t1 = t + 1;
+      while (t1 < plan.tiles && t1 - t < max_tiles &&
+             std::equal(plan.mask(s, t), plan.mask(s, t) + plan.words, plan.mask(s, t1)))
+        ++t1;
+      out.push_back({s, t, t1});
+      t = t1;
+    }
+  return out;
+}
+
+// Offsets per im2col block for `rows` rows of `channels` channels.
+int64_t offsets_per_block(int64_t rows, int64_t channels) {
+  return std::max<int64_t>(1, kIm2colValues / (rows * channels));
+}
+
+Plan make_plan(const at::Tensor& bounds, const at::Tensor& order, const at::Tensor& tile_masks,
+               int64_t K, int64_t num_rows, int64_t tile_rows) {
+  TORCH_CHECK(tile_rows >= 1, "tile_rows must be >= 1, got ", tile_rows);
+  TORCH_CHECK(bounds.scalar_type() == at::kLong && bounds.dim() == 1 && bounds.size(0) >= 2 &&
+                  bounds.is_contiguous(),
+              "plan bounds must be an int64 vector [splits + 1] from kmap_plan");
+  const int64_t splits = bounds.size(0) - 1;
+  const int64_t* b = bounds.data_ptr<int64_t>();
+  TORCH_CHECK(b[0] == 0 && b[splits] == K, "plan bounds must run from 0 to K = ", K);
+  int64_t longest = 0;
+  for (int64_t s = 0; s < splits; ++s) {
+    TORCH_CHECK(b[s] < b[s + 1], "plan bounds must increase");
+    longest = std::max(longest, b[s + 1] - b[s]);
+  }
+  const int64_t tiles = (num_rows + tile_rows - 1) / tile_rows;
+  const int64_t words = (longest + 63) / 64;
+  TORCH_CHECK(tile_masks.scalar_type() == at::kLong && tile_masks.is_contiguous() &&
+                  tile_masks.sizes() == at::IntArrayRef({splits, tiles, words}),
+              "plan tile masks must be int64 [splits, tiles, words] = [", splits, ", ", tiles, ", ",
+              words, "], got ", tile_masks.sizes());
+  const int32_t* ord = nullptr;
+  if (order.numel() > 0) {
+    TORCH_CHECK(order.scalar_type() == at::kInt && order.is_contiguous() &&
+                    order.sizes() == at::IntArrayRef({splits, tiles * tile_rows}),
+                "plan order must be int32 [splits, tiles * tile_rows], got ", order.sizes());
+    // Each split's order must be a permutation of the rows, padded with -1.
+    std::vector<char> seen(num_rows);
+    for (int64_t s = 0; s < splits; ++s) {
+      std::fill(seen.begin(), seen.end(), 0);
+      const int32_t* o = order.data_ptr<int32_t>() + s * tiles * tile_rows;
+      for (int64_t i = 0; i < tiles * tile_rows; ++i) {
+        TORCH_CHECK(o[i] >= -1 && o[i] < num_rows && (o[i] < 0 || !seen[o[i]]),
+                    "plan order must be a permutation of the rows");
+        if (o[i] >= 0) seen[o[i]] = 1;
+      }
+      for (int64_t r = 0; r < num_rows; ++r)
+        TORCH_CHECK(seen[r], "plan order misses row ", r);
+    }
+    ord = order.data_ptr<int32_t>();
+  }
+  return Plan{splits, tiles, words, tile_rows, tiles * tile_rows, b, ord,
+              reinterpret_cast<const uint64_t*>(tile_masks.data_ptr<int64_t>()), num_rows};
+}
+
+template <typename T>
+at::Tensor forward_impl(const at::Tensor& feats, const at::Tensor& weight, const at::Tensor& table,
+                        int64_t num_dst, bool transpose_weight, const Plan& plan) {
+  using M = typename TileMath<T>::type;
+  const auto w = tile_weight(weight, transpose_weight);
+  const int64_t K = w.size(0), c_src = w.size(1), c_dst = w.size(2);
+  const bool partial = plan.splits > 1;
+  at::Tensor out = partial ? at::zeros({plan.splits, num_dst, c_dst}, feats.options().dtype(w.scalar_type()))
+                           : at::empty({num_dst, c_dst}, feats.options().dtype(w.scalar_type()));
+  const T* f = feats.data_ptr<T>();
+  const M* wp = w.data_ptr<M>();
+  const int32_t* map = table.data_ptr<int32_t>();
+  M* o = out.data_ptr<M>();
+  const auto segs = segments(plan);
+  parallel_items(static_cast<int64_t>(segs.size()), [&](int64_t item) {
+    const Segment seg = segs[item];
+    const int64_t s = seg.split, p0 = seg.t0 * plan.tile_rows, rows = (seg.t1 - seg.t0) * plan.tile_rows;
+    const int64_t per_block = offsets_per_block(rows, c_src);
+    M* a = scratch<M, 0>(rows * per_block * c_src);
+    M* c = scratch<M, 1>(rows * c_dst);
+    bool written = false;
+    plan.for_each_run(s, seg.t0, [&](int64_t k0, int64_t k1) {
+      for (int64_t ka = k0; ka < k1; ka += per_block) {
+        const int64_t kb = std::min(k1, ka + per_block), cols = (kb - ka) * c_src;
+        for (int64_t k = ka; k < kb; ++k)
+          gather_tile(f, c_src, rows, [&](int64_t i) {
+            const int64_t r = plan.row(s, p0 + i);
+            return r < 0 ? int64_t(-1) : int64_t(map[r * K + k]);
+          }, a + (k - ka) * c_src, cols);
+        tile_gemm(rows, c_dst, cols, a, cols, wp + ka * c_src * c_dst, c_dst, c, c_dst, written);
+        written = true;
+      }
+    });
+    M* dst = o + (partial ? s * num_dst * c_dst : 0);
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t r = plan.row(s, p0 + i);
+      if (r < 0) continue;
+      M* d = dst + r * c_dst;
+      if (written) std::copy(c + i * c_dst, c + (i + 1) * c_dst, d);
+      else if (!partial) std::fill(d, d + c_dst, M(0));
+    }
+  });
+  if (partial) {
+    // Splits add in split order, the same on any thread count.
+    at::Tensor sum = at::empty({num_dst, c_dst}, out.options());
+    M* r = sum.data_ptr<M>();
+    at::parallel_for(0, num_dst * c_dst, 1 << 14, [&](int64_t begin, int64_t end) {
+      for (int64_t j = begin; j < end; ++j) {
+        M acc = o[j];
+        for (int64_t s = 1; s < plan.splits; ++s) acc += o[s * num_dst * c_dst + j];
+        r[j] = acc;
+      }
+    });
+    out = sum;
+  }
+  return out.scalar_type() == feats.scalar_type() ? out : out.to(feats.scalar_type());
+}
+
+// dW[k] = sum over segments of im2col_k(segment)^T grad(segment). Items are fixed groups of
+// consecutive segments, each with its own partial; partials are added in item order.
+template <typename T>
+at::Tensor wgrad_impl(const at::Tensor& feats, const at::Tensor& grad, const at::Tensor& table,
+                      const Plan& plan) {
+  using M = typename TileMath<T>::type;
+  const auto math = c10::CppTypeToScalarType<M>::value;
+  const int64_t K = table.size(1), c_src = feats.size(1), c_dst = grad.size(1);
+  const auto segs = segments(plan);
+  const int64_t num_segs = static_cast<int64_t>(segs.size());
+  // Bound the partials to ~32 MiB; the grouping depends on sizes only, never on threads.
+  const int64_t partial_elems = K * c_src * c_dst;
+  const int64_t per_item = std::max<int64_t>(
+      8, (num_segs * partial_elems * static_cast<int64_t>(sizeof(M)) >> 25) + 1);
+  const int64_t items = (num_segs + per_item - 1) / per_item;
+  at::Tensor partials = at::zeros({items, partial_elems}, feats.options().dtype(math));
+  const T* f = feats.data_ptr<T>();
+  const T* g = grad.data_ptr<T>();
+  const int32_t* map = table.data_ptr<int32_t>();
+  M* part = partials.data_ptr<M>();
+  parallel_items(items, [&](int64_t item) {
+    M* p = part + item * partial_elems;
+    for (int64_t it = item * per_item; it < std::min(num_segs, (item + 1) * per_item); ++it) {
+      const Segment seg = segs[it];
+      const int64_t s = seg.split, p0 = seg.t0 * plan.tile_rows, rows = (seg.t1 - seg.t0) * plan.tile_rows;
+      const int64_t per_block = offsets_per_block(rows, c_src);
+      M* a_t = scratch<M, 0>(per_block * c_src * rows);
+      M* b = scratch<M, 1>(rows * c_dst);
+      gather_tile(g, c_dst, rows, [&](int64_t i) { return plan.row(s, p0 + i); }, b, c_dst);
+      plan.for_each_run(s, seg.t0, [&](int64_t k0, int64_t k1) {
+        for (int64_t ka = k0; ka < k1; ka += per_block) {
+          const int64_t kb = std::min(k1, ka + per_block), cols = (kb - ka) * c_src;
+          for (int64_t k = ka; k < kb; ++k)
+            gather_tile_transposed(f, c_src, rows, [&](int64_t i) {
+              const int64_t r = plan.row(s, p0 + i);
+              return r < 0 ? int64_t(-1) : int64_t(map[r * K + k]);
+            }, a_t + (k - ka) * c_src * rows, rows);
+          tile_gemm(cols, c_dst, rows, a_t, rows, b, c_dst, p + ka * c_src * c_dst, c_dst, true);
+        }
+      });
+    }
+  });
+  // Partials are added in item order: a fixed reduction.
+  at::Tensor dweight = items > 0 ? partials[0].clone() : at::zeros({partial_elems}, partials.options());
+  M* dw = dweight.data_ptr<M>();
+  at::parallel_for(0, partial_elems, 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t it = 1; it < items; ++it) {
+      const M* q = part + it * partial_elems;
+      for (int64_t j = begin; j < end; ++j) dw[j] += q[j];
+    }
+  });
+  dweight = dweight.view({K, c_src, c_dst});
+  return dweight.scalar_type() == feats.scalar_type() ? dweight : dweight.to(feats.scalar_type());
+}
+
+}  // namespace
+
+at::Tensor implicit_gemm_forward_cpu(const at::Tensor& feats_in, const at::Tensor& weight,
+                                     const at::Tensor& table, int64_t num_dst, bool transpose_weight,
+                                     const at::Tensor& bounds, const at::Tensor& order,
+                                     const at::Tensor& tile_masks, int64_t tile_rows) {
+  check_feats(feats_in, "feats");
+  check_weight(weight, feats_in, transpose_weight);
+  const int64_t K = weight.size(0);
+  check_table(table, num_dst, K, feats_in.size(0));
+  const auto plan = make_plan(bounds, order, tile_masks, K, num_dst, tile_rows);
+  const auto feats = feats_in.contiguous();
+  at::Tensor out;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, feats.scalar_type(), "implicit_gemm_forward_cpu", [&] {
+    out = forward_impl<scalar_t>(feats, weight, table, num_dst, transpose_weight, plan);
+  });
+  return out;
+}
+
+at::Tensor implicit_gemm_wgrad_cpu(const at::Tensor& feats_in, const at::Tensor& grad_in,
+                                   const at::Tensor& table, const at::Tensor& bounds,
+                                   const at::Tensor& order, const at::Tensor& tile_masks,
+                                   int64_t tile_rows) {
+  check_feats(feats_in, "feats");
+  check_feats(grad_in, "grad_out");
+  TORCH_CHECK(feats_in.scalar_type() == grad_in.scalar_type(), "feats dtype ",
+              feats_in.scalar_type(), " does not match grad_out dtype ", grad_in.scalar_type());
+  TORCH_CHECK(table.dim() == 2, "the map must be [rows, K], got ", table.sizes());
+  const int64_t K = table.size(1);
+  check_table(table, grad_in.size(0), K, feats_in.size(0));
+  const auto plan = make_plan(bounds, order, tile_masks, K, grad_in.size(0), tile_rows);
+  const auto feats = feats_in.contiguous();
+  const auto grad = grad_in.contiguous();
+  at::Tensor dweight;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, feats.scalar_type(), "implicit_gemm_wgrad_cpu", [&] {
+    dweight = wgrad_impl<scalar_t>(feats, grad, table, plan);
+  });
+  return dweight;
+}
+
+TORCH_LIBRARY_IMPL(torchsparse_pp, CPU, m) {
+  m.impl("implicit_gemm_forward", &implicit_gemm_forward_cpu);
+  m.impl("implicit_gemm_wgrad", &implicit_gemm_wgrad_cpu);
+}
+
+}  // namespace torchsparse_pp

@@ -1,0 +1,110 @@
+// Submanifold kernel maps (Q = P) on the CPU by sort and merge, without hashing.
+//
+// Packing is monotone and a neighbour offset adds one constant to a packed key, so for a fixed
+// offset the shifted keys of a sorted coordinate set are sorted too. Each offset's neighbours
+// are then one linear merge of the sorted keys against themselves: sequential memory traffic
+// instead of a random hash probe per (row, offset). A carry between packed fields would alias
+// another coordinate, so a match counts only if every shifted field stays in range.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <vector>
+
+#include "hash_cpu.h"
+#include "kmap_common.h"
+#include "radix_sort.h"
+
+namespace torchsparse_pp {
+
+namespace {
+
+constexpr int64_t kMergeChunk = 4096;
+
+int64_t field(uint64_t key, int shift) {
+  return static_cast<int64_t>((key >> shift) & 0xFFFF) + kSpatialMin;
+}
+
+}  // namespace
+
+at::Tensor kmap_submanifold_cpu(const at::Tensor& coords_in, at::IntArrayRef kernel_size,
+                                at::IntArrayRef dilation, at::IntArrayRef padding,
+                                int64_t pad_rows_to) {
+  const auto coords = checked_coords(coords_in, "coords");
+  const int64_t unit[3] = {1, 1, 1};
+  const auto g = make_geometry(kernel_size, unit, dilation, padding);
+  const int64_t n = coords.size(0), K = g.volume();
+  TORCH_CHECK(n <= std::numeric_limits<int32_t>::max(),
+              "at most 2^31-1 coordinates are supported, got ", n);
+  const auto packed = pack_coords_cpu(coords, "coords");
+  const int64_t* pk = packed.data_ptr<int64_t>();
+
+  // Sorted keys and their rows; coordinates made by the library arrive sorted already.
+  std::vector<uint64_t> keys(pk, pk + n);
+  std::vector<int32_t> rows(n);
+  for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>(i);
+  if (!std::is_sorted(keys.begin(), keys.end())) radix_sort(keys, &rows);
+  for (int64_t i = 1; i < n; ++i) {
+    if (keys[i] != keys[i - 1]) continue;
+    const int32_t* c = coords.data_ptr<int32_t>() + 4 * static_cast<int64_t>(std::max(rows[i], rows[i - 1]));
+    TORCH_CHECK(false, "duplicate coordinate (", c[0], ", ", c[1], ", ", c[2], ", ", c[3], ") at rows ",
+                std::min(rows[i], rows[i - 1]), " and ", std::max(rows[i], rows[i - 1]),
+                ": the coordinates of a SparseTensor must be unique "
+                "(torchsparse_pp.utils.sparse_quantize removes duplicates)");
+  }
+
+  auto out_in = at::full({padded_rows(n, pad_rows_to), K}, -1, coords.options());
+  int32_t* m = out_in.data_ptr<int32_t>();
+  // A centred map is symmetric: q reads p through offset k exactly when p reads q through
+  // K-1-k, so only offsets before the centre are merged and the rest are mirrored.
+  const bool symmetric = is_centred_submanifold(g);
+  const int64_t merged = symmetric ? K / 2 : K;
+  struct Shift {
+    int64_t dx, dy, dz, delta;
+  };
+  std::vector<Shift> shifts(merged);
+  for (int64_t i = 0; i < g.k[0]; ++i)
+    for (int64_t j = 0; j < g.k[1]; ++j)
+      for (int64_t l = 0; l < g.k[2]; ++l) {
+        const int64_t k = g.offset_index(i, j, l);
+        if (k >= merged) continue;
+        const int64_t dx = g.input_of(0, 0, i), dy = g.input_of(1, 0, j), dz = g.input_of(2, 0, l);
+        shifts[k] = {dx, dy, dz, dx * (int64_t(1) << 32) + dy * (int64_t(1) << 16) + dz};
+      }
+
+  at::parallel_for(0, (n + kMergeChunk - 1) / kMergeChunk, 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t chunk = cb; chunk < ce; ++chunk) {
+      const int64_t i0 = chunk * kMergeChunk, i1 = std::min(n, i0 + kMergeChunk);
+      for (int64_t k = 0; k < merged; ++k) {
+        const Shift sh = shifts[k];
+        const auto first = static_cast<uint64_t>(static_cast<int64_t>(keys[i0]) + sh.delta);
+        int64_t j = std::lower_bound(keys.begin(), keys.end(), first) - keys.begin();
+        for (int64_t i = i0; i < i1; ++i) {
+          const auto query = static_cast<uint64_t>(static_cast<int64_t>(keys[i]) + sh.delta);
+          while (j < n && keys[j] < query) ++j;
+          if (j == n) break;
+          if (keys[j] != query) continue;
+          const uint64_t key = keys[i];
+          if (!spatial_in_range(field(key, 32) + sh.dx) || !spatial_in_range(field(key, 16) + sh.dy) ||
+              !spatial_in_range(field(key, 0) + sh.dz))
+            continue;  // a carry between fields: not a neighbour
+          m[static_cast<int64_t>(rows[i]) * K + k] = rows[j];
+          if (symmetric) m[static_cast<int64_t>(rows[j]) * K + (K - 1 - k)] = rows[i];
+        }
+      }
+    }
+  });
+  if (symmetric)
+    at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) m[r * K + K / 2] = static_cast<int32_t>(r);
+    });
+  return out_in;
+}
+
+TORCH_LIBRARY_IMPL(torchsparse_pp, CPU, m) {
+  m.impl("kmap_submanifold", &kmap_submanifold_cpu);
+}
+
+}  // namespace torchsparse_pp

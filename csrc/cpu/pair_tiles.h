@@ -1,0 +1,147 @@
+// Tiled kernels over per-offset pair lists: the fetch-on-demand dataflow, and the deterministic
+// weight gradient that gather-scatter also uses.
+//
+// Forward works block by block of destination rows. Within a block, each offset's pairs (a
+// contiguous range, since pairs are sorted by destination within an offset) go chunk by chunk
+// through thread-local tiles: gather the source rows, multiply by W[k], scatter-add into the
+// block. The block stays in cache across all offsets, and its sources are spatial neighbours.
+// Blocks own disjoint rows, so they run in parallel without atomics, and every row sums its
+// offsets in one fixed order on any thread count.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "tile_gemm.h"
+
+namespace torchsparse_pp {
+
+// Rows per chunk: the gathered tile and its product stay within ~256 KiB (L2).
+inline int64_t pair_chunk_rows(int64_t c_src, int64_t c_dst) {
+  const int64_t rows = (int64_t(1) << 16) / std::max<int64_t>(1, c_src + c_dst);
+  return std::clamp<int64_t>(rows / 16 * 16, 16, 1024);
+}
+
+// Destination rows per block: about 512 KiB of output, which stays in L2 across the offsets.
+inline int64_t pair_block_rows(int64_t c_dst) {
+  return std::clamp<int64_t>((int64_t(1) << 17) / std::max<int64_t>(1, c_dst), 64, 8192);
+}
+
+template <typename T>
+at::Tensor pairs_forward_tiled(const at::Tensor& feats, const at::Tensor& weight,
+                               const at::Tensor& src_idx, const at::Tensor& dst_idx,
+                               const at::Tensor& offsets, const at::Tensor& identity,
+                               int64_t num_dst, bool transpose_weight) {
+  using M = typename TileMath<T>::type;
+  const auto w = tile_weight(weight, transpose_weight);
+  const int64_t K = w.size(0), c_src = w.size(1), c_dst = w.size(2);
+  at::Tensor out = at::empty({num_dst, c_dst}, feats.options().dtype(w.scalar_type()));
+  const int64_t chunk = pair_chunk_rows(c_src, c_dst), block = pair_block_rows(c_dst);
+  const T* f = feats.data_ptr<T>();
+  const M* wp = w.data_ptr<M>();
+  M* o = out.data_ptr<M>();
+  const int32_t* src = src_idx.data_ptr<int32_t>();
+  const int32_t* dst = dst_idx.data_ptr<int32_t>();
+  const int64_t* off = offsets.data_ptr<int64_t>();
+  const bool* is_identity = identity.data_ptr<bool>();
+  // An identity offset initialises the output (it covers every row); it goes first.
+  int64_t first = -1;
+  for (int64_t k = 0; k < K && first < 0; ++k)
+    if (is_identity[k] && off[k + 1] > off[k]) first = k;
+  parallel_items((num_dst + block - 1) / block, [&](int64_t b) {
+    const int64_t b0 = b * block, b1 = std::min(num_dst, b0 + block);
+    M* a = scratch<M, 0>(std::max(chunk, b1 - b0) * c_src);
+    M* c = scratch<M, 1>(chunk * c_dst);
+    if (first >= 0) {
+      const M* rows = a;
+      if constexpr (std::is_same_v<T, M>) rows = f + b0 * c_src;
+      else gather_tile(f, c_src, b1 - b0, [&](int64_t i) { return b0 + i; }, a, c_src);
+      tile_gemm(b1 - b0, c_dst, c_src, rows, c_src, wp + first * c_src * c_dst, c_dst, o + b0 * c_dst,
+                c_dst, false);
+    } else {
+      std::fill(o + b0 * c_dst, o + b1 * c_dst, M(0));
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      if (k == first) continue;
+      // This block's pairs of offset k: destinations are sorted within the offset.
+      const int32_t* lo = std::lower_bound(dst + off[k], dst + off[k + 1], static_cast<int32_t>(b0));
+      const int32_t* hi = std::lower_bound(lo, dst + off[k + 1], static_cast<int32_t>(b1));
+      const int64_t r_begin = lo - dst, r_end = hi - dst;
+      const M* wk = wp + k * c_src * c_dst;
+      for (int64_t r0 = r_begin; r0 < r_end; r0 += chunk) {
+        const int64_t rows = std::min(chunk, r_end - r0);
+        gather_tile(f, c_src, rows, [&](int64_t i) { return src[r0 + i]; }, a, c_src);
+        tile_gemm(rows, c_dst, c_src, a, c_src, wk, c_dst, c, c_dst, false);
+        for (int64_t i = 0; i < rows; ++i) {
+          M* d = o + static_cast<int64_t>(dst[r0 + i]) * c_dst;
+          const M* p = c + i * c_dst;
+          for (int64_t j = 0; j < c_dst; ++j) d[j] += p[j];
+        }
+      }
+    }
+  });
+  return out.scalar_type() == feats.scalar_type() ? out : out.to(feats.scalar_type());
+}
+
+// dW[k] = feats[src]^T grad[dst] over the pairs of offset k. Work items are fixed groups of
+// consecutive chunks of one offset; each sums into its own partial in chunk order, and the
+// partials are added in item order, so the result does not depend on the thread count.
+template <typename T>
+at::Tensor pairs_wgrad_tiled(const at::Tensor& feats, const at::Tensor& grad,
+                             const at::Tensor& src_idx, const at::Tensor& dst_idx,
+                             const at::Tensor& offsets, int64_t K) {
+  using M = typename TileMath<T>::type;
+  const auto math = c10::CppTypeToScalarType<M>::value;
+  const int64_t c_src = feats.size(1), c_dst = grad.size(1);
+  const int64_t chunk = pair_chunk_rows(c_src, c_dst);
+  const int64_t* off = offsets.data_ptr<int64_t>();
+  int64_t total_chunks = 0;
+  for (int64_t k = 0; k < K; ++k) total_chunks += (off[k + 1] - off[k] + chunk - 1) / chunk;
+  // Bound the partials to ~32 MiB by grouping more chunks per item when weights are large.
+  const int64_t partial_bytes = c_src * c_dst * static_cast<int64_t>(sizeof(M));
+  const int64_t per_item = std::max<int64_t>(4, (total_chunks * partial_bytes >> 25) + 1);
+  struct Item {
+    int64_t k, begin, end;  // pair range within the offset's list
+  };
+  std::vector<Item> items;
+  std::vector<int64_t> first_item(K + 1);
+  for (int64_t k = 0; k < K; ++k) {
+    first_item[k] = static_cast<int64_t>(items.size());
+    const int64_t n = off[k + 1] - off[k];
+    for (int64_t r = 0; r < n; r += per_item * chunk) items.push_back({k, r, std::min(n, r + per_item * chunk)});
+  }
+  first_item[K] = static_cast<int64_t>(items.size());
+  at::Tensor partials = at::empty({static_cast<int64_t>(items.size()), c_src, c_dst}, feats.options().dtype(math));
+  const T* f = feats.data_ptr<T>();
+  const T* g = grad.data_ptr<T>();
+  M* part = partials.data_ptr<M>();
+  parallel_items(static_cast<int64_t>(items.size()), [&](int64_t it) {
+    const Item item = items[it];
+    const int32_t* src = src_idx.data_ptr<int32_t>() + off[item.k];
+    const int32_t* dst = dst_idx.data_ptr<int32_t>() + off[item.k];
+    M* a_t = scratch<M, 0>(c_src * chunk);
+    M* b = scratch<M, 1>(chunk * c_dst);
+    M* p = part + it * c_src * c_dst;
+    for (int64_t r0 = item.begin; r0 < item.end; r0 += chunk) {
+      const int64_t rows = std::min(chunk, item.end - r0);
+      gather_tile_transposed(f, c_src, rows, [&](int64_t i) { return src[r0 + i]; }, a_t, rows);
+      gather_tile(g, c_dst, rows, [&](int64_t i) { return dst[r0 + i]; }, b, c_dst);
+      tile_gemm(c_src, c_dst, rows, a_t, rows, b, c_dst, p, c_dst, r0 != item.begin);
+    }
+  });
+  at::Tensor dweight = at::zeros({K, c_src, c_dst}, feats.options().dtype(math));
+  M* dw = dweight.data_ptr<M>();
+  at::parallel_for(0, K, 1, [&](int64_t kb, int64_t ke) {
+    for (int64_t k = kb; k < ke; ++k)
+      for (int64_t it = first_item[k]; it < first_item[k + 1]; ++it) {
+        const M* p = part + it * c_src * c_dst;
+        M* d = dw + k * c_src * c_dst;
+        for (int64_t j = 0; j < c_src * c_dst; ++j) d[j] += p[j];
+      }
+  });
+  return dweight.scalar_type() == feats.scalar_type() ? dweight : dweight.to(feats.scalar_type());
+}
+
+}  // namespace torchsparse_pp

@@ -1,0 +1,130 @@
+// Small single-threaded GEMMs on thread-local tiles, and the work scheduler of the tiled
+// dataflows (fetch-on-demand, implicit GEMM, deterministic gather-scatter).
+//
+// Every tile GEMM runs on one thread with a shape fixed by the work item, never by the thread
+// count, so results are bit-identical across runs and OpenMP thread counts.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
+
+#include <atomic>
+#include <vector>
+
+namespace torchsparse_pp {
+
+// C[M, N] = A[M, K] * B[K, N] (+ C when accumulate), row-major with leading dimensions.
+inline void tile_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                      int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.f);
+    return;
+  }
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+  // ATen's batch-reduce GEMM micro-kernel: built for exactly these cache-resident tiles.
+  at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, accumulate, A, B, C, false);
+#else
+  for (int64_t i = 0; i < M; ++i) {
+    float* c = C + i * ldc;
+    if (!accumulate) std::fill(c, c + N, 0.f);
+    for (int64_t k = 0; k < K; ++k) {
+      const float a = A[i * lda + k];
+      const float* b = B + k * ldb;
+      for (int64_t j = 0; j < N; ++j) c[j] += a * b[j];
+    }
+  }
+#endif
+}
+
+// float64 is for gradcheck and oracle tests: a plain loop with a fixed summation order.
+inline void tile_gemm(int64_t M, int64_t N, int64_t K, const double* A, int64_t lda,
+                      const double* B, int64_t ldb, double* C, int64_t ldc, bool accumulate) {
+  for (int64_t i = 0; i < M; ++i) {
+    double* c = C + i * ldc;
+    if (!accumulate) std::fill(c, c + N, 0.0);
+    for (int64_t k = 0; k < K; ++k) {
+      const double a = A[i * lda + k];
+      const double* b = B + k * ldb;
+      for (int64_t j = 0; j < N; ++j) c[j] += a * b[j];
+    }
+  }
+}
+
+// Releases per-thread GEMM state (e.g. AMX tile configuration) after a run of tile GEMMs.
+inline void tile_gemm_release() {
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+  at::native::cpublas::brgemm_release(false);
+#endif
+}
+
+// Tiles compute in float for bfloat16 inputs and in the input type otherwise.
+template <typename T>
+struct TileMath {
+  using type = T;
+};
+template <>
+struct TileMath<at::BFloat16> {
+  using type = float;
+};
+
+// Runs fn(item) for item in [0, n) with dynamic scheduling: each thread pulls the next item, so
+// uneven items (e.g. sorted tiles) balance, and each item's result never depends on the thread.
+template <typename Fn>
+void parallel_items(int64_t n, Fn&& fn) {
+  if (n <= 0) return;
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), n);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t item = next++; item < n; item = next++) fn(item);
+    tile_gemm_release();
+  });
+}
+
+// Weight in the tile math type, optionally transposed per offset: [K, rows, cols] contiguous.
+at::Tensor tile_weight(const at::Tensor& weight, bool transpose);
+
+}  // namespace torchsparse_pp
+
+namespace torchsparse_pp {
+
+// dst[i, :c] = src[row(i), :c] in the tile type; rows < 0 give zeros (absent neighbours).
+template <typename T, typename M, typename RowFn>
+inline void gather_tile(const T* src, int64_t c, int64_t n, RowFn&& row, M* dst, int64_t ld) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = row(i);
+    M* d = dst + i * ld;
+    if (r < 0) {
+      std::fill(d, d + c, M(0));
+      continue;
+    }
+    const T* s = src + r * c;
+    for (int64_t j = 0; j < c; ++j) d[j] = static_cast<M>(s[j]);
+  }
+}
+
+// Like gather_tile but writes the transpose: dst[j, i] = src[row(i), j].
+template <typename T, typename M, typename RowFn>
+inline void gather_tile_transposed(const T* src, int64_t c, int64_t n, RowFn&& row, M* dst, int64_t ld) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = row(i);
+    if (r < 0) {
+      for (int64_t j = 0; j < c; ++j) dst[j * ld + i] = M(0);
+      continue;
+    }
+    const T* s = src + r * c;
+    for (int64_t j = 0; j < c; ++j) dst[j * ld + i] = static_cast<M>(s[j]);
+  }
+}
+
+// A per-thread scratch buffer that grows as needed; `slot` separates buffers used together.
+template <typename M, int slot>
+inline M* scratch(int64_t count) {
+  thread_local std::vector<M> buffer;
+  if (static_cast<int64_t>(buffer.size()) < count) buffer.resize(count);
+  return buffer.data();
+}
+
+}  // namespace torchsparse_pp
