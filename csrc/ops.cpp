@@ -17,16 +17,15 @@ TORCH_LIBRARY(torchsparse_pp, m) {
   m.def(
       "kmap_submanifold(Tensor coords, int[] kernel_size, int[] dilation, int[] padding, "
       "int pad_rows_to) -> Tensor");
-  // New output set ('spconv' or 'minkowski'), its map from coords, and its table.
+  // New output set ('spconv' or 'minkowski') and its map from coords.
   m.def(
       "kmap_downsample(Tensor coords, int[] kernel_size, int[] stride, int[] dilation, "
       "int[] padding, str mode, int[]? out_range, int pad_rows_to) -> (Tensor out_coords, "
-      "Tensor out_in, Tensor out_table)");
-  // Fine set a generative transposed conv writes, the map from it to coords (rows), its table.
+      "Tensor out_in)");
+  // Fine set a generative transposed conv writes, and the map from it to coords (rows).
   m.def(
       "kmap_generative(Tensor coords, int[] kernel_size, int[] stride, int[] dilation, "
-      "int[] padding, int[]? out_range, int pad_rows_to) -> (Tensor fine_coords, Tensor out_in, "
-      "Tensor fine_table)");
+      "int[] padding, int[]? out_range, int pad_rows_to) -> (Tensor fine_coords, Tensor out_in)");
   m.def(
       "kmap_pairs(Tensor out_in, int num_in, int num_out) -> (Tensor in_idx, Tensor out_idx, "
       "Tensor offsets, Tensor identity)");

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "../common/kernel_geometry.h"
 
 namespace torchsparse_pp {
@@ -37,5 +39,14 @@ inline bool is_centred_submanifold(const KernelGeometry& g) {
     if (g.s[a] != 1 || g.k[a] % 2 == 0 || 2 * g.pad[a] != g.d[a] * (g.k[a] - 1)) return false;
   return true;
 }
+
+// Packed keys of a coordinate set in ascending order, with the row each came from.
+struct SortedCoords {
+  std::vector<uint64_t> keys;
+  std::vector<int32_t> rows;
+};
+
+// Checks the range, sorts, and raises for duplicate coordinates (naming both rows).
+SortedCoords sort_coords_checked(const at::Tensor& coords);
 
 }  // namespace torchsparse_pp

@@ -15,7 +15,6 @@
 
 #include "hash_cpu.h"
 #include "kmap_common.h"
-#include "radix_sort.h"
 
 namespace torchsparse_pp {
 
@@ -36,24 +35,7 @@ at::Tensor kmap_submanifold_cpu(const at::Tensor& coords_in, at::IntArrayRef ker
   const int64_t unit[3] = {1, 1, 1};
   const auto g = make_geometry(kernel_size, unit, dilation, padding);
   const int64_t n = coords.size(0), K = g.volume();
-  TORCH_CHECK(n <= std::numeric_limits<int32_t>::max(),
-              "at most 2^31-1 coordinates are supported, got ", n);
-  const auto packed = pack_coords_cpu(coords, "coords");
-  const int64_t* pk = packed.data_ptr<int64_t>();
-
-  // Sorted keys and their rows; coordinates made by the library arrive sorted already.
-  std::vector<uint64_t> keys(pk, pk + n);
-  std::vector<int32_t> rows(n);
-  for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>(i);
-  if (!std::is_sorted(keys.begin(), keys.end())) radix_sort(keys, &rows);
-  for (int64_t i = 1; i < n; ++i) {
-    if (keys[i] != keys[i - 1]) continue;
-    const int32_t* c = coords.data_ptr<int32_t>() + 4 * static_cast<int64_t>(std::max(rows[i], rows[i - 1]));
-    TORCH_CHECK(false, "duplicate coordinate (", c[0], ", ", c[1], ", ", c[2], ", ", c[3], ") at rows ",
-                std::min(rows[i], rows[i - 1]), " and ", std::max(rows[i], rows[i - 1]),
-                ": the coordinates of a SparseTensor must be unique "
-                "(torchsparse_pp.utils.sparse_quantize removes duplicates)");
-  }
+  const auto [keys, rows] = sort_coords_checked(coords);
 
   auto out_in = at::full({padded_rows(n, pad_rows_to), K}, -1, coords.options());
   int32_t* m = out_in.data_ptr<int32_t>();

@@ -50,7 +50,7 @@ def strided_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGeome
             if min(out_range) < 1:
                 raise ValueError(f"spatial_range {spatial_range} is smaller than the kernel extent: "
                                  f"the dense output size would be {out_range}")
-        out_coords, out_in, _ = ops.kmap_downsample(coords, *geometry.args(), mode, clip, OUT_IN_ROW_PADDING)
+        out_coords, out_in = ops.kmap_downsample(coords, *geometry.args(), mode, clip, OUT_IN_ROW_PADDING)
         return KernelMap(coords, out_coords, geometry, mode, out_in, spatial_range, out_range,
                          time.perf_counter() - started)
 
@@ -69,7 +69,7 @@ def generative_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGe
         fine_range = None if spatial_range is None else geometry.transposed_output_size(spatial_range)
         if fine_range is not None and min(fine_range) < 1:
             raise ValueError(f"spatial_range {spatial_range} gives an empty transposed output {fine_range}")
-        fine, out_in, _ = ops.kmap_generative(coords, *geometry.args(), fine_range, OUT_IN_ROW_PADDING)
+        fine, out_in = ops.kmap_generative(coords, *geometry.args(), fine_range, OUT_IN_ROW_PADDING)
         return KernelMap(fine, coords, geometry, "generative", out_in, fine_range, spatial_range,
                          time.perf_counter() - started)
 

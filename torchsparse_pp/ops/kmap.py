@@ -4,6 +4,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 _ops = torch.ops.torchsparse_pp
+Tensors2 = Tuple[torch.Tensor, torch.Tensor]
 Tensors3 = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -29,8 +30,8 @@ def kmap_submanifold(coords: torch.Tensor, kernel_size: Sequence[int], dilation:
 
 def kmap_downsample(coords: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int],
                     dilation: Sequence[int], padding: Sequence[int], mode: str,
-                    out_range: Optional[Sequence[int]], pad_rows_to: int) -> Tensors3:
-    """Strided conv map: ``(out_coords, out_in, out_table)``.
+                    out_range: Optional[Sequence[int]], pad_rows_to: int) -> Tensors2:
+    """Strided conv map: ``(out_coords, out_in)``.
 
     The output set is 'spconv' (every q some input reaches, clipped to ``[0, out_range)`` when
     given) or 'minkowski' (``unique(floor(p / s))``), sorted by (batch, x, y, z).
@@ -41,8 +42,8 @@ def kmap_downsample(coords: torch.Tensor, kernel_size: Sequence[int], stride: Se
 
 def kmap_generative(coords: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int],
                     dilation: Sequence[int], padding: Sequence[int], out_range: Optional[Sequence[int]],
-                    pad_rows_to: int) -> Tensors3:
-    """Generative transposed conv map: ``(fine_coords, out_in, fine_table)``.
+                    pad_rows_to: int) -> Tensors2:
+    """Generative transposed conv map: ``(fine_coords, out_in)``.
 
     ``fine_coords`` is every site ``p*s - pad + t*d`` that conv_transpose3d writes (clipped to
     ``[0, out_range)`` when given), sorted; ``out_in`` has one row per coarse input p and holds
@@ -85,12 +86,10 @@ def _padded(rows, pad_rows_to):
 
 
 def _new_set_fake(coords, kernel_size, pad_rows_to, rows_of_map):
-    ctx = torch.library.get_ctx()
-    new_rows = ctx.new_dynamic_size()
+    new_rows = torch.library.get_ctx().new_dynamic_size()
     volume = kernel_size[0] * kernel_size[1] * kernel_size[2]
     map_rows = new_rows if rows_of_map is None else rows_of_map
-    return (coords.new_empty(new_rows, 4), coords.new_empty(_padded(map_rows, pad_rows_to), volume),
-            coords.new_empty(ctx.new_dynamic_size(), 2, dtype=torch.int64))
+    return coords.new_empty(new_rows, 4), coords.new_empty(_padded(map_rows, pad_rows_to), volume)
 
 
 @torch.library.register_fake("torchsparse_pp::kmap_out_in")

@@ -1,0 +1,250 @@
+// Strided and generative kernel maps on the CPU, by sorting what each input reaches.
+//
+// Every input p lists the coordinates it reaches through each kernel tap: the strided outputs
+// q with q*s - pad + t*d = p, or the sites p*s - pad + t*d a generative transposed conv writes.
+// Radix-sorting these (key, row, offset) candidates yields the new coordinate set (unique keys,
+// in canonical order) and, at the same time, every candidate's row in it: no hash table, one
+// pass of sequential memory traffic per radix digit.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <vector>
+
+#include "hash_cpu.h"
+#include "kmap_common.h"
+#include "radix_sort.h"
+
+namespace torchsparse_pp {
+
+namespace {
+
+constexpr int64_t kNoRow = std::numeric_limits<int64_t>::max();
+
+enum class Relation {
+  kReadBy,  // outputs q with q*s - pad + t*d = p (strided conv)
+  kFloor,   // q = floor(p / s) (minkowski output set)
+  kWrites,  // p*s - pad + t*d (conv_transpose3d)
+};
+
+// One axis of a relation, with the taps that can reach each residue of p + pad modulo s
+// precomputed, so that the hot loop needs one division per axis instead of one per tap.
+struct AxisRule {
+  Relation rel;
+  int64_t k, s, d, pad, range;        // range: exclusive bound of [0, range), or -1
+  std::vector<int64_t> first;         // [s + 1]: taps of residue r are [first[r], first[r+1])
+  std::vector<int64_t> taps, behind;  // tap t, and (t*d - r) / s: q = floor((p+pad)/s) - behind
+
+  AxisRule(const KernelGeometry& g, Relation relation, int a, const int64_t* out_range)
+      : rel(relation), k(g.k[a]), s(g.s[a]), d(g.d[a]), pad(g.pad[a]),
+        range(out_range != nullptr ? out_range[a] : -1) {
+    if (rel != Relation::kReadBy) return;
+    first.assign(s + 1, 0);
+    for (int64_t r = 0; r < s; ++r) {
+      first[r] = static_cast<int64_t>(taps.size());
+      for (int64_t t = 0; t < k; ++t)
+        if (((t * d - r) % s + s) % s == 0) {
+          taps.push_back(t);
+          behind.push_back(floor_div(t * d - r, s));
+        }
+    }
+    first[s] = static_cast<int64_t>(taps.size());
+  }
+
+  // Coordinates (and taps) that p reaches on this axis; returns how many.
+  int reach(int64_t p, int64_t* coord, int64_t* tap) const {
+    int n = 0;
+    auto push = [&](int64_t q, int64_t t) {
+      if (range >= 0 && (q < 0 || q >= range)) return;
+      coord[n] = q;
+      tap[n] = t;
+      ++n;
+    };
+    if (rel == Relation::kFloor) {
+      push(floor_div(p, s), 0);
+    } else if (rel == Relation::kWrites) {
+      for (int64_t t = 0; t < k; ++t) push(p * s - pad + t * d, t);
+    } else {
+      const int64_t base = floor_div(p + pad, s), r = p + pad - base * s;
+      for (int64_t i = first[r]; i < first[r + 1]; ++i) push(base - behind[i], taps[i]);
+    }
+    return n;
+  }
+};
+
+struct Rules {
+  AxisRule axis[3];
+  int64_t ky, kz;
+
+  Rules(const KernelGeometry& g, Relation rel, const int64_t* range)
+      : axis{AxisRule(g, rel, 0, range), AxisRule(g, rel, 1, range), AxisRule(g, rel, 2, range)},
+        ky(g.k[1]), kz(g.k[2]) {}
+
+  // Calls fn(key, offset) for every coordinate `row` reaches; key is kEmptyKey outside the
+  // packable range. Returns how many it visited.
+  template <typename Fn>
+  int64_t for_each(const int32_t* row, Fn&& fn) const {
+    int64_t cx[kMaxKernelAxis], cy[kMaxKernelAxis], cz[kMaxKernelAxis];
+    int64_t tx[kMaxKernelAxis], ty[kMaxKernelAxis], tz[kMaxKernelAxis];
+    const int nx = axis[0].reach(row[1], cx, tx), ny = axis[1].reach(row[2], cy, ty),
+              nz = axis[2].reach(row[3], cz, tz);
+    for (int x = 0; x < nx; ++x)
+      for (int y = 0; y < ny; ++y)
+        for (int z = 0; z < nz; ++z) {
+          const bool ok = coord_in_range(row[0], cx[x], cy[y], cz[z]);
+          fn(ok ? pack_coord(row[0], cx[x], cy[y], cz[z]) : kEmptyKey, (tx[x] * ky + ty[y]) * kz + tz[z]);
+        }
+    return int64_t(nx) * ny * nz;
+  }
+};
+
+// Candidates (key, row * K + offset) of every input, sorted by key.
+struct Candidates {
+  std::vector<uint64_t> keys, payload;
+};
+
+// With `strict`, a key outside the packable range is an error (it would be a new coordinate);
+// otherwise such candidates are dropped (they cannot match an existing coordinate).
+Candidates collect(const at::Tensor& coords, const Rules& rules, int64_t K, bool strict) {
+  const int64_t n = coords.size(0);
+  const int32_t* c = coords.data_ptr<int32_t>();
+  std::vector<int64_t> start(n + 1, 0);
+  at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      start[i + 1] = rules.for_each(c + 4 * i, [](int64_t, int64_t) {});
+  });
+  for (int64_t i = 0; i < n; ++i) start[i + 1] += start[i];
+  Candidates out{std::vector<uint64_t>(start[n]), std::vector<uint64_t>(start[n])};
+  std::atomic<int64_t> bad_row{kNoRow};
+  at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      int64_t pos = start[i];
+      rules.for_each(c + 4 * i, [&](int64_t key, int64_t k) {
+        if (key == kEmptyKey && strict) atomic_min(bad_row, i);
+        out.keys[pos] = static_cast<uint64_t>(key);  // kEmptyKey sorts last and never matches
+        out.payload[pos++] = static_cast<uint64_t>(i * K + k);
+      });
+    }
+  });
+  TORCH_CHECK(bad_row.load() == kNoRow, "input row ", bad_row.load(),
+              " produces an output coordinate outside the supported range: batch in [0, ",
+              kBatchMax, "], x/y/z in [", kSpatialMin, ", ", kSpatialMax, "]");
+  radix_sort(out.keys, &out.payload);
+  return out;
+}
+
+at::Tensor coords_of(const std::vector<uint64_t>& keys, const at::TensorOptions& options) {
+  const int64_t m = static_cast<int64_t>(keys.size());
+  auto coords = at::empty({m, 4}, options.dtype(at::kInt));
+  int32_t* o = coords.data_ptr<int32_t>();
+  at::parallel_for(0, m, 8192, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) unpack_coord(static_cast<int64_t>(keys[i]), o + 4 * i);
+  });
+  return coords;
+}
+
+// Walks sorted candidates against the sorted unique keys they belong to, calling
+// fn(unique index, row, offset) for each candidate whose key is among `unique`.
+template <typename Fn>
+void join(const Candidates& cand, const std::vector<uint64_t>& unique, int64_t K, Fn&& fn) {
+  size_t u = 0;
+  for (size_t i = 0; i < cand.keys.size(); ++i) {
+    while (u < unique.size() && unique[u] < cand.keys[i]) ++u;
+    if (u == unique.size()) break;
+    if (unique[u] != cand.keys[i]) continue;
+    fn(static_cast<int64_t>(u), static_cast<int64_t>(cand.payload[i] / K),
+       static_cast<int64_t>(cand.payload[i] % K));
+  }
+}
+
+std::vector<uint64_t> unique_keys(const std::vector<uint64_t>& sorted) {
+  std::vector<uint64_t> out;
+  out.reserve(sorted.size());
+  for (uint64_t k : sorted)
+    if (k != static_cast<uint64_t>(kEmptyKey) && (out.empty() || out.back() != k)) out.push_back(k);
+  return out;
+}
+
+const int64_t* checked_range(const at::OptionalIntArrayRef& out_range, int64_t* buf) {
+  if (!out_range.has_value()) return nullptr;
+  TORCH_CHECK(out_range->size() == 3, "out_range must have 3 entries, got ", *out_range);
+  for (int a = 0; a < 3; ++a) {
+    TORCH_CHECK((*out_range)[a] >= 1, "out_range must be positive, got ", *out_range);
+    buf[a] = (*out_range)[a];
+  }
+  return buf;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> kmap_downsample_cpu(const at::Tensor& coords_in,
+                                                       at::IntArrayRef kernel_size,
+                                                       at::IntArrayRef stride,
+                                                       at::IntArrayRef dilation,
+                                                       at::IntArrayRef padding,
+                                                       c10::string_view mode,
+                                                       at::OptionalIntArrayRef out_range,
+                                                       int64_t pad_rows_to) {
+  const auto coords = checked_coords(coords_in, "coords");
+  const auto g = make_geometry(kernel_size, stride, dilation, padding);
+  TORCH_CHECK(mode == "spconv" || mode == "minkowski", "unknown downsample mode '",
+              std::string(mode), "'; expected 'spconv' or 'minkowski'");
+  const bool minkowski = mode == "minkowski";
+  TORCH_CHECK(!(minkowski && out_range.has_value()),
+              "out_range does not apply to the minkowski output set (floor(p/s) needs no clip)");
+  int64_t range_buf[3];
+  const int64_t* range = checked_range(out_range, range_buf);
+  const int64_t K = g.volume();
+
+  // spconv: the outputs are exactly what the inputs reach; minkowski: floor(p / s), joined with
+  // what the inputs reach.
+  const auto reached = collect(coords, Rules(g, Relation::kReadBy, range), K, !minkowski);
+  const auto out_keys = minkowski ? unique_keys(collect(coords, Rules(g, Relation::kFloor, nullptr), K, true).keys)
+                                  : unique_keys(reached.keys);
+  auto out_coords = coords_of(out_keys, coords.options());
+  auto out_in = at::full({padded_rows(out_coords.size(0), pad_rows_to), K}, -1, coords.options());
+  int32_t* m = out_in.data_ptr<int32_t>();
+  // An (output, offset) cell determines its input coordinate: a second claim is a duplicate.
+  int64_t dup_row = kNoRow;
+  join(reached, out_keys, K, [&](int64_t q, int64_t p, int64_t k) {
+    int32_t& cell = m[q * K + k];
+    if (cell >= 0) dup_row = std::min<int64_t>(dup_row, std::max<int64_t>(p, cell));
+    cell = static_cast<int32_t>(p);
+  });
+  TORCH_CHECK(dup_row == kNoRow, "duplicate coordinate at row ", dup_row,
+              ": the coordinates of a SparseTensor must be unique "
+              "(torchsparse_pp.utils.sparse_quantize removes duplicates)");
+  return {out_coords, out_in};
+}
+
+std::tuple<at::Tensor, at::Tensor> kmap_generative_cpu(const at::Tensor& coords_in,
+                                                       at::IntArrayRef kernel_size,
+                                                       at::IntArrayRef stride,
+                                                       at::IntArrayRef dilation,
+                                                       at::IntArrayRef padding,
+                                                       at::OptionalIntArrayRef out_range,
+                                                       int64_t pad_rows_to) {
+  const auto coords = checked_coords(coords_in, "coords");
+  const auto g = make_geometry(kernel_size, stride, dilation, padding);
+  int64_t range_buf[3];
+  const int64_t* range = checked_range(out_range, range_buf);
+  const int64_t K = g.volume();
+  sort_coords_checked(coords);  // duplicates in the coarse set would double their fine sites
+  const auto written = collect(coords, Rules(g, Relation::kWrites, range), K, true);
+  const auto fine_keys = unique_keys(written.keys);
+  auto fine_coords = coords_of(fine_keys, coords.options());
+  // Rows are the coarse inputs of the transposed conv; entries index the fine set it writes.
+  auto out_in = at::full({padded_rows(coords.size(0), pad_rows_to), K}, -1, coords.options());
+  int32_t* m = out_in.data_ptr<int32_t>();
+  join(written, fine_keys, K, [&](int64_t f, int64_t p, int64_t k) { m[p * K + k] = static_cast<int32_t>(f); });
+  return {fine_coords, out_in};
+}
+
+TORCH_LIBRARY_IMPL(torchsparse_pp, CPU, m) {
+  m.impl("kmap_downsample", &kmap_downsample_cpu);
+  m.impl("kmap_generative", &kmap_generative_cpu);
+}
+
+}  // namespace torchsparse_pp
