@@ -133,14 +133,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cpu(
     for (int64_t ch = cb; ch < ce; ++ch) {
       int64_t* p = pos.data() + ch * K;
       const int64_t r1 = std::min(num_out, (ch + 1) * chunk);
-      for (int64_t r = ch * chunk; r < r1; ++r)
-        for (int64_t k = 0; k < K; ++k) {
-          const int32_t src = m[r * K + k];
-          if (src < 0) continue;
-          ii[p[k]] = src;
+      for (int64_t r = ch * chunk; r < r1; ++r) {
+        const int32_t* row = m + r * K;
+        auto emit = [&](int64_t k) {
+          ii[p[k]] = row[k];
           oi[p[k]] = static_cast<int32_t>(r);
           ++p[k];
+        };
+        if (K <= 64) {
+          // Present offsets as a bitmask (a branch-free compare), then one step per pair.
+          uint64_t present = 0;
+          for (int64_t k = 0; k < K; ++k) present |= uint64_t(row[k] >= 0) << k;
+          for (; present != 0; present &= present - 1) emit(__builtin_ctzll(present));
+        } else {
+          for (int64_t k = 0; k < K; ++k)
+            if (row[k] >= 0) emit(k);
         }
+      }
     }
   });
 
