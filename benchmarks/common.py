@@ -58,16 +58,20 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1,
 
 
 def interleaved_times(tasks: Dict[str, Tuple[Callable, Optional[Callable[[], object]]]], repeats: int,
-                      warmup: int = 1) -> Dict[str, Dict[str, object]]:
+                      warmup: int = 1, on_round: Optional[Callable[[], object]] = None
+                      ) -> Dict[str, Dict[str, object]]:
     """Times several tasks round-robin: each round runs every task once, in order, so slow drift
     and bursts of other load on the machine hit all of them alike.
 
     ``tasks`` maps a name to (fn, setup): setup (untimed, may be None) makes fn's argument. When
     fn returns a dict of named sub-times (seconds), their medians are reported as "split_median_s".
+    ``on_round`` (optional, untimed) is called after every round, e.g. to advance a progress bar.
     Returns per task the median / min / max wall time over ``repeats`` rounds after ``warmup``."""
     times: Dict[str, List[float]] = {name: [] for name in tasks}
     splits: Dict[str, Dict[str, List[float]]] = {name: {} for name in tasks}
     for i in range(warmup + repeats):
+        if i > 0 and on_round is not None:
+            on_round()
         for name, (fn, setup) in tasks.items():
             arg = setup() if setup is not None else None
             start = time.perf_counter()
@@ -79,6 +83,8 @@ def interleaved_times(tasks: Dict[str, Tuple[Callable, Optional[Callable[[], obj
             if isinstance(result, dict):
                 for part, seconds in result.items():
                     splits[name].setdefault(part, []).append(seconds)
+    if on_round is not None:
+        on_round()
     out = {}
     for name, values in times.items():
         out[name] = {"median_s": statistics.median(values), "min_s": min(values), "max_s": max(values),
@@ -158,3 +164,26 @@ def machine_info() -> Dict[str, object]:
 
 def gflops(macs: float, seconds: float) -> float:
     return 2.0 * macs / seconds / 1e9
+
+
+def coord_sort_key(coords: torch.Tensor) -> torch.Tensor:
+    """int64 key that orders int32 (batch, x, y, z) rows lexicographically (each field < 2^20)."""
+    c = coords.long()
+    return ((c[:, 0] * (1 << 20) + c[:, 1]) * (1 << 20) + c[:, 2]) * (1 << 20) + c[:, 3]
+
+
+def sorted_rows(coords: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+    """``feats`` with its rows ordered by their coordinates, so outputs of two libraries (which
+    may order rows differently) can be compared row by row."""
+    return feats[torch.argsort(coord_sort_key(coords))]
+
+
+def same_coord_set(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(torch.sort(coord_sort_key(a)).values,
+                                              torch.sort(coord_sort_key(b)).values)
+
+
+def rel_max(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b| (in float64)."""
+    a, b = a.double(), b.double()
+    return ((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item()
