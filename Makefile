@@ -24,6 +24,7 @@ test: $(SETUP_STAMP)
 bench: $(SETUP_STAMP)
 	EXTRAS=bench bash scripts/setup.sh
 	$(PYTHON) benchmarks/conv_cpu.py
+	$(PYTHON) benchmarks/deterministic_cpu.py
 
 clean:
 	rm -rf build torchsparse_pp/_C*.so
