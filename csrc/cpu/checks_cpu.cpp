@@ -30,6 +30,13 @@ void check_feats(const at::Tensor& t, const char* name) {
               ": the CPU kernels support float32, float64 and bfloat16, got ", st);
 }
 
+void check_wgrad_operands(const at::Tensor& feats, const at::Tensor& grad) {
+  check_feats(feats, "feats");
+  check_feats(grad, "grad_out");
+  TORCH_CHECK(feats.scalar_type() == grad.scalar_type(), "feats dtype ", feats.scalar_type(),
+              " does not match grad_out dtype ", grad.scalar_type());
+}
+
 std::pair<int64_t, int64_t> check_weight(const at::Tensor& weight, const at::Tensor& feats,
                                          bool transpose_weight) {
   TORCH_CHECK(weight.dim() == 3, "weight must be [K, C_in, C_out], got ", weight.sizes());

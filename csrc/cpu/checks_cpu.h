@@ -9,6 +9,9 @@ namespace torchsparse_pp {
 // Feature matrix [N, C] of a supported dtype.
 void check_feats(const at::Tensor& t, const char* name);
 
+// Operands of a weight gradient: feats [N_src, C_src] and grad_out [N_dst, C_dst], one dtype.
+void check_wgrad_operands(const at::Tensor& feats, const at::Tensor& grad);
+
 // Weight [K, C_in, C_out] of the feats' dtype; returns (C_src, C_dst) for the multiplication
 // direction (transposed weights multiply by W[k]^T).
 std::pair<int64_t, int64_t> check_weight(const at::Tensor& weight, const at::Tensor& feats,

@@ -223,10 +223,7 @@ at::Tensor gather_scatter_wgrad_cpu(const at::Tensor& feats_in, const at::Tensor
                                     const at::Tensor& src_idx, const at::Tensor& dst_idx,
                                     const at::Tensor& offsets, const at::Tensor& identity,
                                     bool deterministic) {
-  check_feats(feats_in, "feats");
-  check_feats(grad_in, "grad_out");
-  TORCH_CHECK(feats_in.scalar_type() == grad_in.scalar_type(), "feats dtype ",
-              feats_in.scalar_type(), " does not match grad_out dtype ", grad_in.scalar_type());
+  check_wgrad_operands(feats_in, grad_in);
   const int64_t K = identity.size(0);
   check_pairs(src_idx, dst_idx, offsets, identity, K, feats_in.size(0), grad_in.size(0));
   const auto feats = feats_in.contiguous();

@@ -261,10 +261,7 @@ at::Tensor implicit_gemm_wgrad_cpu(const at::Tensor& feats_in, const at::Tensor&
                                    const at::Tensor& table, const at::Tensor& bounds,
                                    const at::Tensor& order, const at::Tensor& tile_masks,
                                    int64_t tile_rows) {
-  check_feats(feats_in, "feats");
-  check_feats(grad_in, "grad_out");
-  TORCH_CHECK(feats_in.scalar_type() == grad_in.scalar_type(), "feats dtype ",
-              feats_in.scalar_type(), " does not match grad_out dtype ", grad_in.scalar_type());
+  check_wgrad_operands(feats_in, grad_in);
   TORCH_CHECK(table.dim() == 2, "the map must be [rows, K], got ", table.sizes());
   const int64_t K = table.size(1);
   check_table(table, grad_in.size(0), K, feats_in.size(0));

@@ -14,7 +14,22 @@
 
 namespace torchsparse_pp {
 
-// C[M, N] = A[M, K] * B[K, N] (+ C when accumulate), row-major with leading dimensions.
+// C[M, N] = A[M, K] * B[K, N] (+ C when accumulate), row-major with leading dimensions, as a
+// plain loop with a fixed summation order.
+template <typename T>
+inline void naive_gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
+                       int64_t ldb, T* C, int64_t ldc, bool accumulate) {
+  for (int64_t i = 0; i < M; ++i) {
+    T* c = C + i * ldc;
+    if (!accumulate) std::fill(c, c + N, T(0));
+    for (int64_t k = 0; k < K; ++k) {
+      const T a = A[i * lda + k];
+      const T* b = B + k * ldb;
+      for (int64_t j = 0; j < N; ++j) c[j] += a * b[j];
+    }
+  }
+}
+
 inline void tile_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                       int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   if (M == 0 || N == 0) return;
@@ -27,30 +42,14 @@ inline void tile_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t l
   // ATen's batch-reduce GEMM micro-kernel: built for exactly these cache-resident tiles.
   at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, accumulate, A, B, C, false);
 #else
-  for (int64_t i = 0; i < M; ++i) {
-    float* c = C + i * ldc;
-    if (!accumulate) std::fill(c, c + N, 0.f);
-    for (int64_t k = 0; k < K; ++k) {
-      const float a = A[i * lda + k];
-      const float* b = B + k * ldb;
-      for (int64_t j = 0; j < N; ++j) c[j] += a * b[j];
-    }
-  }
+  naive_gemm(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
 #endif
 }
 
-// float64 is for gradcheck and oracle tests: a plain loop with a fixed summation order.
+// float64 is for gradcheck and oracle tests: exactness over speed.
 inline void tile_gemm(int64_t M, int64_t N, int64_t K, const double* A, int64_t lda,
                       const double* B, int64_t ldb, double* C, int64_t ldc, bool accumulate) {
-  for (int64_t i = 0; i < M; ++i) {
-    double* c = C + i * ldc;
-    if (!accumulate) std::fill(c, c + N, 0.0);
-    for (int64_t k = 0; k < K; ++k) {
-      const double a = A[i * lda + k];
-      const double* b = B + k * ldb;
-      for (int64_t j = 0; j < N; ++j) c[j] += a * b[j];
-    }
-  }
+  naive_gemm(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
 }
 
 // Releases per-thread GEMM state (e.g. AMX tile configuration) after a run of tile GEMMs.
