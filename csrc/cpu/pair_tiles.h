@@ -121,14 +121,17 @@ at::Tensor pairs_wgrad_tiled(const at::Tensor& feats, const at::Tensor& grad,
     const Item item = items[it];
     const int32_t* src = src_idx.data_ptr<int32_t>() + off[item.k];
     const int32_t* dst = dst_idx.data_ptr<int32_t>() + off[item.k];
-    M* a_t = scratch<M, 0>(c_src * chunk);
+    // The transposed tile's rows are padded off a power of two: a 4 KiB stride would map
+    // every column write of one source row to the same L1 set.
+    const int64_t ld = chunk + 16;
+    M* a_t = scratch<M, 0>(c_src * ld);
     M* b = scratch<M, 1>(chunk * c_dst);
     M* p = part + it * c_src * c_dst;
     for (int64_t r0 = item.begin; r0 < item.end; r0 += chunk) {
       const int64_t rows = std::min(chunk, item.end - r0);
-      gather_tile_transposed(f, c_src, rows, [&](int64_t i) { return src[r0 + i]; }, a_t, rows);
+      gather_tile_transposed(f, c_src, rows, [&](int64_t i) { return src[r0 + i]; }, a_t, ld);
       gather_tile(g, c_dst, rows, [&](int64_t i) { return dst[r0 + i]; }, b, c_dst);
-      tile_gemm(c_src, c_dst, rows, a_t, rows, b, c_dst, p, c_dst, r0 != item.begin);
+      tile_gemm(c_src, c_dst, rows, a_t, ld, b, c_dst, p, c_dst, r0 != item.begin);
     }
   });
   at::Tensor dweight = at::zeros({K, c_src, c_dst}, feats.options().dtype(math));

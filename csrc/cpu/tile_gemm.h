@@ -117,17 +117,26 @@ inline void gather_tile(const T* src, int64_t c, int64_t n, RowFn&& row, M* dst,
   }
 }
 
-// Like gather_tile but writes the transpose: dst[j, i] = src[row(i), j].
+// Like gather_tile but writes the transpose: dst[j, i] = src[row(i), j]. Rows go through a
+// small block first, so each column is written as a run of kTransposeBlock values instead of
+// one value per cache line.
+constexpr int64_t kTransposeBlock = 16;
+
 template <typename T, typename M, typename RowFn>
 inline void gather_tile_transposed(const T* src, int64_t c, int64_t n, RowFn&& row, M* dst, int64_t ld) {
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t r = row(i);
-    if (r < 0) {
-      for (int64_t j = 0; j < c; ++j) dst[j * ld + i] = M(0);
-      continue;
+  thread_local std::vector<M> block;
+  if (static_cast<int64_t>(block.size()) < kTransposeBlock * c) block.resize(kTransposeBlock * c);
+  for (int64_t i0 = 0; i0 < n; i0 += kTransposeBlock) {
+    const int64_t rows = std::min(kTransposeBlock, n - i0);
+    for (int64_t i = i0 + kTransposeBlock; i < std::min(n, i0 + 2 * kTransposeBlock); ++i) {
+      const int64_t ahead = row(i);
+      if (ahead >= 0) prefetch_row(src + ahead * c, c);
     }
-    const T* s = src + r * c;
-    for (int64_t j = 0; j < c; ++j) dst[j * ld + i] = static_cast<M>(s[j]);
+    gather_tile(src, c, rows, [&](int64_t i) { return row(i0 + i); }, block.data(), c);
+    for (int64_t j = 0; j < c; ++j) {
+      M* d = dst + j * ld + i0;
+      for (int64_t i = 0; i < rows; ++i) d[i] = block[i * c + j];
+    }
   }
 }
 
