@@ -3,19 +3,26 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
+#include <limits>
 
 namespace torchsparse_pp {
 
 namespace {
 
-// True when every value of a contiguous int32 tensor lies in [lo, hi).
+// True when every value of a contiguous int32 tensor lies in [lo, hi). Min / max per range
+// (branch-free, so it vectorises); the checks run on every call of the public ops.
 bool all_in_range(const at::Tensor& t, int64_t lo, int64_t hi) {
   const int32_t* v = t.data_ptr<int32_t>();
   std::atomic<bool> ok{true};
   at::parallel_for(0, t.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      if (v[i] < lo || v[i] >= hi) ok = false;
+    int32_t mn = std::numeric_limits<int32_t>::max(), mx = std::numeric_limits<int32_t>::min();
+    for (int64_t i = begin; i < end; ++i) {
+      mn = std::min(mn, v[i]);
+      mx = std::max(mx, v[i]);
+    }
+    if (begin < end && (mn < lo || mx >= hi)) ok = false;
   });
   return ok;
 }
@@ -81,9 +88,10 @@ void check_pairs(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at:
     TORCH_CHECK(off[k + 1] - off[k] == num_src && num_src == num_dst, "identity[", k,
                 "] is set but offset ", k, " does not pair all ", num_src, " sources with as many "
                 "destinations");
+    bool mismatch = false;
     for (int64_t j = off[k]; j < off[k + 1]; ++j)
-      TORCH_CHECK(src[j] == j - off[k] && dst[j] == j - off[k], "identity[", k,
-                  "] is set but offset ", k, " does not map every row j to row j");
+      mismatch |= (src[j] != j - off[k]) | (dst[j] != j - off[k]);
+    TORCH_CHECK(!mismatch, "identity[", k, "] is set but offset ", k, " does not map every row j to row j");
   }
 }
 
@@ -92,9 +100,10 @@ void check_pairs_sorted_by_dst(const at::Tensor& dst_idx, const at::Tensor& offs
   const int64_t* off = offsets.data_ptr<int64_t>();
   std::atomic<bool> sorted{true};
   at::parallel_for(0, K, 1, [&](int64_t kb, int64_t ke) {
+    bool descending = false;
     for (int64_t k = kb; k < ke; ++k)
-      for (int64_t j = off[k] + 1; j < off[k + 1]; ++j)
-        if (dst[j] <= dst[j - 1]) sorted = false;
+      for (int64_t j = off[k] + 1; j < off[k + 1]; ++j) descending |= dst[j] <= dst[j - 1];
+    if (descending) sorted = false;
   });
   TORCH_CHECK(sorted.load(), "fetch-on-demand needs the pairs of each offset sorted by destination "
               "(unique, ascending), as kmap_pairs returns them");

@@ -11,10 +11,13 @@
 // as one segment, so small tiles (little waste) still make GEMMs with many rows. With several
 // splits every split writes its own partial buffer, and the buffers are added in split order.
 #include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include "checks_cpu.h"
 #include "tile_gemm.h"
+
+#include <atomic>
 
 namespace torchsparse_pp {
 
@@ -123,6 +126,30 @@ Plan make_plan(const at::Tensor& bounds, const at::Tensor& order, const at::Tens
   }
   return Plan{splits, tiles, words, tile_rows, tiles * tile_rows, b, ord,
               reinterpret_cast<const uint64_t*>(tile_masks.data_ptr<int64_t>()), num_rows};
+}
+
+// A tile skips the offsets outside its mask: a mask that misses a neighbour one of its rows has
+// would drop that term silently, so every present table entry must be covered.
+void check_plan_covers_table(const Plan& plan, const at::Tensor& table) {
+  const int64_t K = table.size(1);
+  const int32_t* map = table.data_ptr<int32_t>();
+  std::atomic<bool> covered{true};
+  at::parallel_for(0, plan.splits * plan.tiles, 64, [&](int64_t begin, int64_t end) {
+    bool ok = true;
+    for (int64_t st = begin; st < end; ++st) {
+      const int64_t s = st / plan.tiles, t = st % plan.tiles, b0 = plan.bounds[s];
+      const uint64_t* mask = plan.mask(s, t);
+      for (int64_t i = 0; i < plan.tile_rows; ++i) {
+        const int64_t r = plan.row(s, t * plan.tile_rows + i);
+        if (r < 0) continue;
+        for (int64_t k = b0; k < plan.bounds[s + 1]; ++k)
+          ok &= map[r * K + k] < 0 || ((mask[(k - b0) / 64] >> ((k - b0) % 64)) & 1);
+      }
+    }
+    if (!ok) covered = false;
+  });
+  TORCH_CHECK(covered.load(), "plan tile masks miss offsets that their rows have: the plan does not "
+              "belong to this map (make it with kmap_plan on the same table)");
 }
 
 template <typename T>
@@ -249,6 +276,7 @@ at::Tensor implicit_gemm_forward_cpu(const at::Tensor& feats_in, const at::Tenso
   const int64_t K = weight.size(0);
   check_table(table, num_dst, K, feats_in.size(0));
   const auto plan = make_plan(bounds, order, tile_masks, K, num_dst, tile_rows);
+  check_plan_covers_table(plan, table);
   const auto feats = feats_in.contiguous();
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, feats.scalar_type(), "implicit_gemm_forward_cpu", [&] {
@@ -266,6 +294,7 @@ at::Tensor implicit_gemm_wgrad_cpu(const at::Tensor& feats_in, const at::Tensor&
   const int64_t K = table.size(1);
   check_table(table, grad_in.size(0), K, feats_in.size(0));
   const auto plan = make_plan(bounds, order, tile_masks, K, grad_in.size(0), tile_rows);
+  check_plan_covers_table(plan, table);
   const auto feats = feats_in.contiguous();
   const auto grad = grad_in.contiguous();
   at::Tensor dweight;
