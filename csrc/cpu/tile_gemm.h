@@ -89,8 +89,7 @@ at::Tensor tile_weight(const at::Tensor& weight, bool transpose);
 
 namespace torchsparse_pp {
 
-// dst[i, :c] = src[row(i), :c] in the tile type; rows < 0 give zeros (absent neighbours).
-// Source rows are random reads from a table larger than L2: fetch a few rows ahead.
+// Source rows are random reads from a table larger than L2: gathers fetch a few rows ahead.
 constexpr int64_t kPrefetchRows = 8;
 
 template <typename T>
@@ -99,6 +98,7 @@ inline void prefetch_row(const T* row, int64_t c) {
   for (int64_t b = 0; b < c * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(p + b);
 }
 
+// dst[i, :c] = src[row(i), :c] in the tile type; rows < 0 give zeros (absent neighbours).
 template <typename T, typename M, typename RowFn>
 inline void gather_tile(const T* src, int64_t c, int64_t n, RowFn&& row, M* dst, int64_t ld) {
   for (int64_t i = 0; i < n; ++i) {
