@@ -613,6 +613,15 @@ def print_table(report):
                                      for k, v in tg["values"].items()))
 
 
+def grouped_bars(ax, x, series, label_size=5.5):
+    """One bar per series per x position, side by side. ``series``: (label, values, hatched, colour)."""
+    width = 0.84 / len(series)
+    for i, (label, values, hatched, colour) in enumerate(series):
+        bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=label, color=colour,
+                      edgecolor="black", linewidth=0.3, hatch="//" if hatched else None)
+        ax.bar_label(bars, fmt="%.2f", fontsize=label_size, rotation=90, padding=2)
+
+
 def plot(report, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -628,13 +637,9 @@ def plot(report, path):
     fig = plt.figure(figsize=(17, 10.5))
     grid = fig.add_gridspec(2, 2, height_ratios=[1.15, 1])
     ax = fig.add_subplot(grid[0, :])
-    width = 0.84 / len(names)
     cmap = plt.get_cmap("tab10")
-    for i, n in enumerate(names):
-        vals = [r["summary"]["fwd_speedup_per_dataflow_vs_spconv_same_t"][f"{tt}t"][n] for r in rows]
-        bars = ax.bar(x + (i - (len(names) - 1) / 2) * width, vals, width, label=n, color=cmap(i % 10),
-                      edgecolor="black", linewidth=0.3)
-        ax.bar_label(bars, fmt="%.2f", fontsize=5.5, rotation=90, padding=2)
+    grouped_bars(ax, x, [(n, [r["summary"]["fwd_speedup_per_dataflow_vs_spconv_same_t"][f"{tt}t"][n] for r in rows],
+                          False, cmap(i % 10)) for i, n in enumerate(names)])
     for y, style in ((1.0, "--"), (2.0, ":")):
         ax.axhline(y, color="black", linewidth=0.8, linestyle=style)
     ax.set_xticks(x, labels, fontsize=8)
@@ -650,12 +655,8 @@ def plot(report, path):
               ("ours 1t / spconv 1t", "ours1t_vs_spconv1t", "map_speedup"),
               (f"map + pairs only, {tt}t / {tt}t", f"ours{tt}t_vs_spconv{tt}t{rt}", "map_speedup_pairs")]
     xm = np.arange(len(mrows))
-    width = 0.84 / len(series)
-    for i, (label, tag, field) in enumerate(series):
-        vals = [r["summary"][field][tag] for r in mrows]
-        bars = ax.bar(xm + (i - (len(series) - 1) / 2) * width, vals, width, label=label,
-                      edgecolor="black", linewidth=0.3, hatch="//" if field == "map_speedup_pairs" else None)
-        ax.bar_label(bars, fmt="%.2f", fontsize=5.5, rotation=90, padding=2)
+    grouped_bars(ax, xm, [(label, [r["summary"][field][tag] for r in mrows], field == "map_speedup_pairs", None)
+                          for label, tag, field in series])
     for y, style in ((1.0, "--"), (2.0, ":")):
         ax.axhline(y, color="black", linewidth=0.8, linestyle=style)
     ax.set_xticks(xm, [r["layer"] for r in mrows], fontsize=7, rotation=15)
@@ -668,12 +669,8 @@ def plot(report, path):
     ax = fig.add_subplot(grid[1, 1])
     series = [(f"ours best {t}t", "mm_share", f"{t}t") for t in threads]
     series += [(f"spconv {t}t" + (" (racy)" if t > 1 else ""), "spconv_mm_share", f"{t}t") for t in threads]
-    width = 0.84 / len(series)
-    for i, (label, field, key) in enumerate(series):
-        vals = [r["summary"][field][key] for r in rows]
-        bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, vals, width, label=label,
-                      edgecolor="black", linewidth=0.3, hatch="//" if field == "spconv_mm_share" else None)
-        ax.bar_label(bars, fmt="%.2f", fontsize=5.5, rotation=90, padding=2)
+    grouped_bars(ax, x, [(label, [r["summary"][field][key] for r in rows], field == "spconv_mm_share", None)
+                         for label, field, key in series])
     ax.axhline(0.6, color="black", linewidth=0.8, linestyle=":")
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks(x, labels, fontsize=7, rotation=15)
