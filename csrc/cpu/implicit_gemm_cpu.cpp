@@ -40,16 +40,27 @@ struct Plan {
     return pos < num_rows ? pos : -1;
   }
 
+  // The row of `map` ([rows, K]) that position pos of split s reads through offset k, or -1.
+  int64_t source(int64_t s, int64_t pos, const int32_t* map, int64_t K, int64_t k) const {
+    const int64_t r = row(s, pos);
+    return r < 0 ? int64_t(-1) : int64_t(map[r * K + k]);
+  }
+
   const uint64_t* mask(int64_t s, int64_t t) const { return masks + (s * tiles + t) * words; }
+
+  // Whether offset k (of split s) is set in tile t's mask.
+  bool tile_has(int64_t s, int64_t t, int64_t k) const {
+    const int64_t j = k - bounds[s];
+    return (mask(s, t)[j / 64] >> (j % 64)) & 1;
+  }
 
   // Calls fn(k0, k1) for every run [k0, k1) of consecutive offsets set in the tile's mask.
   template <typename Fn>
   void for_each_run(int64_t s, int64_t t, Fn&& fn) const {
-    const uint64_t* mask = this->mask(s, t);
     const int64_t b0 = bounds[s], b1 = bounds[s + 1];
     int64_t start = -1;
     for (int64_t k = b0; k <= b1; ++k) {
-      const bool set = k < b1 && ((mask[(k - b0) / 64] >> ((k - b0) % 64)) & 1);
+      const bool set = k < b1 && tile_has(s, t, k);
       if (set && start < 0) start = k;
       if (!set && start >= 0) {
         fn(start, k);
@@ -137,14 +148,10 @@ void check_plan_covers_table(const Plan& plan, const at::Tensor& table) {
   at::parallel_for(0, plan.splits * plan.tiles, 64, [&](int64_t begin, int64_t end) {
     bool ok = true;
     for (int64_t st = begin; st < end; ++st) {
-      const int64_t s = st / plan.tiles, t = st % plan.tiles, b0 = plan.bounds[s];
-      const uint64_t* mask = plan.mask(s, t);
-      for (int64_t i = 0; i < plan.tile_rows; ++i) {
-        const int64_t r = plan.row(s, t * plan.tile_rows + i);
-        if (r < 0) continue;
-        for (int64_t k = b0; k < plan.bounds[s + 1]; ++k)
-          ok &= map[r * K + k] < 0 || ((mask[(k - b0) / 64] >> ((k - b0) % 64)) & 1);
-      }
+      const int64_t s = st / plan.tiles, t = st % plan.tiles;
+      for (int64_t i = 0; i < plan.tile_rows; ++i)
+        for (int64_t k = plan.bounds[s]; k < plan.bounds[s + 1]; ++k)
+          ok &= plan.source(s, t * plan.tile_rows + i, map, K, k) < 0 || plan.tile_has(s, t, k);
     }
     if (!ok) covered = false;
   });
@@ -177,10 +184,8 @@ at::Tensor forward_impl(const at::Tensor& feats, const at::Tensor& weight, const
       for (int64_t ka = k0; ka < k1; ka += per_block) {
         const int64_t kb = std::min(k1, ka + per_block), cols = (kb - ka) * c_src;
         for (int64_t k = ka; k < kb; ++k)
-          gather_tile(f, c_src, rows, [&](int64_t i) {
-            const int64_t r = plan.row(s, p0 + i);
-            return r < 0 ? int64_t(-1) : int64_t(map[r * K + k]);
-          }, a + (k - ka) * c_src, cols);
+          gather_tile(f, c_src, rows, [&](int64_t i) { return plan.source(s, p0 + i, map, K, k); },
+                      a + (k - ka) * c_src, cols);
         tile_gemm(rows, c_dst, cols, a, cols, wp + ka * c_src * c_dst, c_dst, c, c_dst, written);
         written = true;
       }
@@ -243,10 +248,8 @@ at::Tensor wgrad_impl(const at::Tensor& feats, const at::Tensor& grad, const at:
         for (int64_t ka = k0; ka < k1; ka += per_block) {
           const int64_t kb = std::min(k1, ka + per_block), cols = (kb - ka) * c_src;
           for (int64_t k = ka; k < kb; ++k)
-            gather_tile_transposed(f, c_src, rows, [&](int64_t i) {
-              const int64_t r = plan.row(s, p0 + i);
-              return r < 0 ? int64_t(-1) : int64_t(map[r * K + k]);
-            }, a_t + (k - ka) * c_src * rows, rows);
+            gather_tile_transposed(f, c_src, rows, [&](int64_t i) { return plan.source(s, p0 + i, map, K, k); },
+                                   a_t + (k - ka) * c_src * rows, rows);
           tile_gemm(cols, c_dst, rows, a_t, rows, b, c_dst, p + ka * c_src * c_dst, c_dst, true);
         }
       });
