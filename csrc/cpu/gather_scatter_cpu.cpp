@@ -223,6 +223,7 @@ at::Tensor gather_scatter_wgrad_cpu(const at::Tensor& feats_in, const at::Tensor
                                     const at::Tensor& src_idx, const at::Tensor& dst_idx,
                                     const at::Tensor& offsets, const at::Tensor& identity,
                                     bool deterministic) {
+  if (deterministic) return fetch_on_demand_wgrad_cpu(feats_in, grad_in, src_idx, dst_idx, offsets, identity);
   check_wgrad_operands(feats_in, grad_in);
   const int64_t K = identity.size(0);
   check_pairs(src_idx, dst_idx, offsets, identity, K, feats_in.size(0), grad_in.size(0));
@@ -230,8 +231,7 @@ at::Tensor gather_scatter_wgrad_cpu(const at::Tensor& feats_in, const at::Tensor
   const auto grad = grad_in.contiguous();
   at::Tensor dweight;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, feats.scalar_type(), "gather_scatter_wgrad_cpu", [&] {
-    dweight = deterministic ? pairs_wgrad_tiled<scalar_t>(feats, grad, src_idx, dst_idx, offsets, K)
-                            : wgrad_impl<scalar_t>(feats, grad, src_idx, dst_idx, offsets, identity);
+    dweight = wgrad_impl<scalar_t>(feats, grad, src_idx, dst_idx, offsets, identity);
   });
   return dweight;
 }

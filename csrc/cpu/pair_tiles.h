@@ -147,4 +147,10 @@ at::Tensor pairs_wgrad_tiled(const at::Tensor& feats, const at::Tensor& grad,
   return dweight.scalar_type() == feats.scalar_type() ? dweight : dweight.to(feats.scalar_type());
 }
 
+// The fetch_on_demand weight-gradient op (checks, then pairs_wgrad_tiled); gather_scatter's
+// deterministic weight gradient is the same computation.
+at::Tensor fetch_on_demand_wgrad_cpu(const at::Tensor& feats_in, const at::Tensor& grad_in,
+                                     const at::Tensor& src_idx, const at::Tensor& dst_idx,
+                                     const at::Tensor& offsets, const at::Tensor& identity);
+
 }  // namespace torchsparse_pp
