@@ -55,12 +55,6 @@ class ConvGeometry:
         return self.kernel_size == (1, 1, 1) and self.stride == (1, 1, 1) and self.padding == (0, 0, 0)
 
     @property
-    def is_centred(self) -> bool:
-        """Stride 1, odd kernels, padding d*(k-1)/2: the map of Q = P is symmetric."""
-        return self.is_unit_stride and all(k % 2 == 1 and 2 * p == d * (k - 1) for k, d, p in
-                                           zip(self.kernel_size, self.dilation, self.padding))
-
-    @property
     def is_unit_stride(self) -> bool:
         return self.stride == (1, 1, 1)
 
