@@ -1,6 +1,8 @@
 """Builds torchsparse_pp._C from csrc/: the CPU kernels always, CUDA kernels when possible.
 
-CUDA sources are compiled when torch was built with CUDA and nvcc is found, or when FORCE_CUDA=1.
+CUDA sources (csrc/cuda: kernels in .cu files, their ATen wrappers in .cpp files) are compiled when
+torch was built with CUDA and nvcc is found, or when FORCE_CUDA=1. Architectures default to
+8.0, 8.6, 8.9 and 9.0; TORCH_CUDA_ARCH_LIST overrides them (e.g. "9.0" for a faster H100-only build).
 Metadata lives in pyproject.toml; this file only describes the extension.
 """
 import glob
@@ -12,6 +14,7 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 import torch
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_CUDA_ARCHS = "8.0;8.6;8.9;9.0"
 
 
 def _sources(pattern):
@@ -32,11 +35,14 @@ def _extension():
     cxx_flags = ["-O3", "-fopenmp"]
     link_flags = ["-fopenmp"]
     if _build_cuda():
-        cuda_sources = _sources("csrc/cuda/**/*.cu")
+        # cpp_extension reads the architectures from this variable.
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
+        cuda_sources = _sources("csrc/cuda/**/*.cu") + _sources("csrc/cuda/**/*.cpp")
+        nvcc_flags = ["-O3", "-std=c++17", "-DTSPP_WITH_CUDA", "--expt-relaxed-constexpr", "-lineinfo"]
         return CUDAExtension(
             "torchsparse_pp._C",
             cpp_sources + cuda_sources,
-            extra_compile_args={"cxx": cxx_flags + ["-DTSPP_WITH_CUDA"], "nvcc": ["-O3", "-DTSPP_WITH_CUDA"]},
+            extra_compile_args={"cxx": cxx_flags + ["-DTSPP_WITH_CUDA"], "nvcc": nvcc_flags},
             extra_link_args=link_flags,
         )
     return CppExtension("torchsparse_pp._C", cpp_sources, extra_compile_args={"cxx": cxx_flags},

@@ -53,10 +53,22 @@ TORCH_LIBRARY(torchsparse_pp, m) {
       "Tensor offsets, Tensor identity) -> Tensor");
   m.def(
       "implicit_gemm_forward(Tensor feats, Tensor weight, Tensor table, int num_dst, "
-      "bool transpose_weight, Tensor bounds, Tensor order, Tensor tile_masks, int tile_rows) -> Tensor");
+      "bool transpose_weight, Tensor bounds, Tensor order, Tensor tile_masks, int tile_rows, "
+      "bool allow_tf32=False) -> Tensor");
   m.def(
       "implicit_gemm_wgrad(Tensor feats, Tensor grad_out, Tensor table, Tensor bounds, Tensor order, "
-      "Tensor tile_masks, int tile_rows) -> Tensor");
+      "Tensor tile_masks, int tile_rows, bool allow_tf32=False) -> Tensor");
+
+  // Whether this build has CUDA kernels (they register under the CUDA dispatch key).
+  m.def("cuda_built() -> bool");
+}
+
+TORCH_LIBRARY_IMPL(torchsparse_pp, CompositeExplicitAutograd, m) {
+#ifdef TSPP_WITH_CUDA
+  m.impl("cuda_built", []() { return true; });
+#else
+  m.impl("cuda_built", []() { return false; });
+#endif
 }
 
 // `import torchsparse_pp._C` loads this library, which registers the operators above.

@@ -74,3 +74,17 @@ def generator(seed) -> torch.Generator:
 def gen(generator) -> torch.Generator:
     """Short alias of ``generator``."""
     return generator
+
+
+def _cuda_ready() -> bool:
+    return torch.cuda.is_available() and torch.ops.torchsparse_pp.cuda_built()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` are skipped without a GPU or without a CUDA build of torchsparse_pp."""
+    if _cuda_ready():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU and a CUDA build of torchsparse_pp")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

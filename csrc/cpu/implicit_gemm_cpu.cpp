@@ -273,7 +273,8 @@ at::Tensor wgrad_impl(const at::Tensor& feats, const at::Tensor& grad, const at:
 at::Tensor implicit_gemm_forward_cpu(const at::Tensor& feats_in, const at::Tensor& weight,
                                      const at::Tensor& table, int64_t num_dst, bool transpose_weight,
                                      const at::Tensor& bounds, const at::Tensor& order,
-                                     const at::Tensor& tile_masks, int64_t tile_rows) {
+                                     const at::Tensor& tile_masks, int64_t tile_rows,
+                                     bool /*allow_tf32: the CPU has no TF32 unit, fp32 is exact*/) {
   check_feats(feats_in, "feats");
   check_weight(weight, feats_in, transpose_weight);
   const int64_t K = weight.size(0);
@@ -291,7 +292,8 @@ at::Tensor implicit_gemm_forward_cpu(const at::Tensor& feats_in, const at::Tenso
 at::Tensor implicit_gemm_wgrad_cpu(const at::Tensor& feats_in, const at::Tensor& grad_in,
                                    const at::Tensor& table, const at::Tensor& bounds,
                                    const at::Tensor& order, const at::Tensor& tile_masks,
-                                   int64_t tile_rows) {
+                                   int64_t tile_rows,
+                                   bool /*allow_tf32: the CPU has no TF32 unit, fp32 is exact*/) {
   check_wgrad_operands(feats_in, grad_in);
   TORCH_CHECK(table.dim() == 2, "the map must be [rows, K], got ", table.sizes());
   const int64_t K = table.size(1);

@@ -10,10 +10,15 @@ import contextvars
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
-DATAFLOWS = ("gather_scatter", "fetch_on_demand", "implicit_gemm")
+import torch
 
-# Dataflows that have kernels, per device type.
+DATAFLOWS = ("gather_scatter", "fetch_on_demand", "implicit_gemm")
+CUDA_DATAFLOWS = ("gather_scatter", "implicit_gemm")
+
+# Dataflows that have kernels, per device type; CUDA ones only when this build compiled them.
 IMPLEMENTED = {"cpu": DATAFLOWS}
+if torch.ops.torchsparse_pp.cuda_built():
+    IMPLEMENTED["cuda"] = CUDA_DATAFLOWS
 
 # Parameters each dataflow takes; the others must stay unset.
 _PARAMETERS = {

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Compile check of the CUDA sources without a GPU (CI runs it; so can anyone with nvcc):
+#   1. the generated kernel instantiations are what tools/generate_kernels.py writes now;
+#   2. every csrc/cuda/**/*.cu compiles with nvcc for sm_80 and sm_90;
+#   3. every ATen wrapper (csrc/cuda/**/*.cpp, and ops.cpp) compiles with -DTSPP_WITH_CUDA.
+# Nothing here runs a kernel. Objects go to a temporary directory and are thrown away.
+#
+# Environment: PYTHON (python3), NVCC (nvcc on PATH), CUDA_CHECK_ARCHS ("80 90"), JOBS (nproc).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+NVCC=${NVCC:-$(command -v nvcc || true)}
+ARCHS=${CUDA_CHECK_ARCHS:-80 90}
+JOBS=${JOBS:-$(nproc)}
+
+if [ -z "$NVCC" ]; then
+  echo "[cuda-check] nvcc not found: set NVCC or put it on PATH" >&2
+  exit 1
+fi
+
+echo "[cuda-check] generated kernels are current"
+"$PYTHON" tools/generate_kernels.py --check
+
+torch_includes=$("$PYTHON" -c "from torch.utils.cpp_extension import include_paths; print(' '.join('-I' + p for p in include_paths()))")
+python_include=$("$PYTHON" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+cuda_top=$("$NVCC" -dryrun -x cu /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n1)
+cuda_include="$cuda_top/../targets/x86_64-linux/include"
+[ -d "$cuda_include" ] || cuda_include="$cuda_top/../include"
+
+gencode=""
+for arch in $ARCHS; do gencode="$gencode -gencode=arch=compute_$arch,code=sm_$arch"; done
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+export NVCC gencode torch_includes python_include cuda_include out
+compile_cu() {
+  # shellcheck disable=SC2086
+  "$NVCC" -c -O3 -std=c++17 --expt-relaxed-constexpr -DTSPP_WITH_CUDA -Icsrc $gencode $torch_includes \
+    -I"$python_include" -Xcompiler -fPIC "$1" -o "$out/$(echo "$1" | tr '/' '_').o" || { echo "[cuda-check] FAILED: $1" >&2; return 1; }
+}
+compile_cpp() {
+  # shellcheck disable=SC2086
+  g++ -fsyntax-only -std=c++17 -fopenmp -DTSPP_WITH_CUDA -Icsrc $torch_includes -I"$python_include" \
+    -I"$cuda_include" "$1" || { echo "[cuda-check] FAILED: $1" >&2; return 1; }
+}
+export -f compile_cu compile_cpp
+
+cu_files=$(find csrc/cuda -name '*.cu' | sort)
+cpp_files=$( (find csrc/cuda -name '*.cpp'; echo csrc/ops.cpp) | sort)
+echo "[cuda-check] nvcc ($ARCHS): $(echo "$cu_files" | grep -c . ) .cu files, $JOBS jobs"
+echo "$cu_files" | grep . | xargs -P "$JOBS" -I{} bash -c 'compile_cu {}'
+echo "[cuda-check] g++ -DTSPP_WITH_CUDA: $(echo "$cpp_files" | grep -c .) wrapper files"
+echo "$cpp_files" | grep . | xargs -P "$JOBS" -I{} bash -c 'compile_cpp {}'
+echo "[cuda-check] all CUDA sources compile"
