@@ -1,4 +1,4 @@
-"""Command line: ``torchsparse-pp {demo,info}``."""
+"""Command line: ``torchsparse-pp {demo,info,synth}``."""
 import argparse
 import sys
 from typing import List, Optional
@@ -29,6 +29,15 @@ def _demo(args) -> int:
     return 0
 
 
+def _synth(args) -> int:
+    from torchsparse_pp.data.synth import write_synthetic
+
+    counts = write_synthetic(args.out, format=args.format, scans=args.scans, seed=args.seed)
+    splits = ", ".join(f"{split} {n}" for split, n in counts.items())
+    print(f"wrote a synthetic {args.format} dataset to {args.out} ({splits} scans)")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="torchsparse-pp", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -42,6 +51,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     demo.set_defaults(func=_demo)
     info = sub.add_parser("info", help="print versions and available kernels")
     info.set_defaults(func=_info)
+    synth = sub.add_parser("synth", help="write a synthetic LiDAR dataset in a real on-disk format")
+    synth.add_argument("--out", required=True, help="new or empty directory to write into")
+    synth.add_argument("--format", default="semantickitti", choices=("semantickitti", "nuscenes", "detection"))
+    synth.add_argument("--scans", type=int, default=2, help="scans per split (train and val)")
+    synth.add_argument("--seed", type=int, default=0, help="scan k uses seed + k")
+    synth.set_defaults(func=_synth)
     args = parser.parse_args(argv)
     return args.func(args)
 

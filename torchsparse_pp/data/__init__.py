@@ -1,4 +1,12 @@
-"""Data: synthetic LiDAR scans (readers and datasets come with the models issue)."""
+"""Data: synthetic LiDAR scans, dataset readers (SemanticKITTI, nuScenes-lidarseg, detection),
+frame transforms and synthetic datasets on disk."""
+from .detection import DetectionDataset
+from .nuscenes import NuScenesLidarSeg
+from .semantickitti import SemanticKITTI
+from .synth import write_synthetic
 from .synthetic import BEAM_PATTERNS, BOX_CLASSES, SEMANTIC_KITTI_LABELS, generate_scan
+from .transforms import Compose, PointCap, RandomFlip, RandomRotation, RandomScale, Voxelize
 
-__all__ = ["generate_scan", "SEMANTIC_KITTI_LABELS", "BEAM_PATTERNS", "BOX_CLASSES"]
+__all__ = ["generate_scan", "SEMANTIC_KITTI_LABELS", "BEAM_PATTERNS", "BOX_CLASSES",
+           "SemanticKITTI", "NuScenesLidarSeg", "DetectionDataset", "write_synthetic",
+           "Compose", "RandomRotation", "RandomFlip", "RandomScale", "PointCap", "Voxelize"]
