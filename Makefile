@@ -1,13 +1,14 @@
 # Fresh-machine entry points (see README.md):
 #   make demo   set up, then run the demo
 #   make test   set up, then run the test suite (what CI runs)
+#   make cuda-check  compile every CUDA source with nvcc for sm_80 / sm_90 (no GPU needed)
 PYTHON ?= python3
 export PYTHON
 
 BUILD_INPUTS := setup.py pyproject.toml scripts/setup.sh $(shell find csrc -type f 2>/dev/null)
 SETUP_STAMP := build/.setup-stamp
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench cuda-check kernels clean
 
 $(SETUP_STAMP): $(BUILD_INPUTS)
 	bash scripts/setup.sh
@@ -20,6 +21,12 @@ demo: $(SETUP_STAMP)
 
 test: $(SETUP_STAMP)
 	bash scripts/run_tests.sh
+
+cuda-check: $(SETUP_STAMP)
+	bash scripts/cuda_compile_check.sh
+
+kernels:
+	$(PYTHON) tools/generate_kernels.py
 
 bench: $(SETUP_STAMP)
 	EXTRAS=bench bash scripts/setup.sh

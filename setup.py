@@ -38,7 +38,7 @@ def _extension():
         # cpp_extension reads the architectures from this variable.
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
         cuda_sources = _sources("csrc/cuda/**/*.cu") + _sources("csrc/cuda/**/*.cpp")
-        nvcc_flags = ["-O3", "-std=c++17", "-DTSPP_WITH_CUDA", "--expt-relaxed-constexpr", "-lineinfo"]
+        nvcc_flags = ["-O3", "-DTSPP_WITH_CUDA", "--expt-relaxed-constexpr", "-lineinfo"]
         return CUDAExtension(
             "torchsparse_pp._C",
             cpp_sources + cuda_sources,

@@ -72,7 +72,8 @@ from common import (busy_processes, coord_sort_key, gflops, interleaved_times, l
 from torchsparse_pp import SparseTensor, ops  # noqa: E402
 from torchsparse_pp.kmap import ConvGeometry, KernelMapCache, strided_map, submanifold_map  # noqa: E402
 from torchsparse_pp.nn.functional import ConvConfig, conv3d  # noqa: E402
-from torchsparse_pp.nn.functional.dataflows.implicit_gemm import SORT_WINDOW, TILE_ROWS  # noqa: E402
+from torchsparse_pp.nn.functional.dataflows.implicit_gemm import CPU_SORT_WINDOW as SORT_WINDOW  # noqa: E402
+from torchsparse_pp.nn.functional.dataflows.implicit_gemm import CPU_TILE_ROWS as TILE_ROWS  # noqa: E402
 
 BEAMS, VOXEL, SCAN_SEED = 64, 0.05, 0
 LEVELS = 5  # tensor strides 1, 2, 4, 8, 16

@@ -24,13 +24,21 @@ echo "[cuda-check] generated kernels are current"
 torch_includes=$("$PYTHON" -c "from torch.utils.cpp_extension import include_paths; print(' '.join('-I' + p for p in include_paths()))")
 python_include=$("$PYTHON" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 cuda_top=$("$NVCC" -dryrun -x cu /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n1)
-cuda_include="$cuda_top/../targets/x86_64-linux/include"
-[ -d "$cuda_include" ] || cuda_include="$cuda_top/../include"
+cuda_include="$cuda_top/targets/x86_64-linux/include"
+[ -d "$cuda_include" ] || cuda_include="$cuda_top/include"
 
 gencode=""
 for arch in $ARCHS; do gencode="$gencode -gencode=arch=compute_$arch,code=sm_$arch"; done
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+
+# CPU wheels of torch ship c10/cuda headers but not this build-generated one; the shim only
+# declares a shared-library build, as CUDA wheels do.
+mkdir -p "$out/shim/c10/cuda/impl"
+if ! "$PYTHON" -c "import torch.utils.cpp_extension as e, os, sys; sys.exit(not any(os.path.exists(os.path.join(p, 'c10/cuda/impl/cuda_cmake_macros.h')) for p in e.include_paths()))"; then
+  printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' > "$out/shim/c10/cuda/impl/cuda_cmake_macros.h"
+fi
+torch_includes="$torch_includes -I$out/shim"
 
 export NVCC gencode torch_includes python_include cuda_include out
 compile_cu() {
@@ -40,7 +48,7 @@ compile_cu() {
 }
 compile_cpp() {
   # shellcheck disable=SC2086
-  g++ -fsyntax-only -std=c++17 -fopenmp -DTSPP_WITH_CUDA -Icsrc $torch_includes -I"$python_include" \
+  g++ -fsyntax-only -std=c++20 -fopenmp -DTSPP_WITH_CUDA -Icsrc $torch_includes -I"$python_include" \
     -I"$cuda_include" "$1" || { echo "[cuda-check] FAILED: $1" >&2; return 1; }
 }
 export -f compile_cu compile_cpp

@@ -15,7 +15,8 @@ from ...tensor import SparseTensor
 from .config import ConfigLike, PassConfigs, resolve_configs
 from .dataflows import OrientedMap, SparseConvFunction
 
-SUPPORTED_DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16)}
+SUPPORTED_DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16),
+                    "cuda": (torch.float32, torch.float64, torch.float16, torch.bfloat16)}
 
 
 def _check_operands(input: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tensor],

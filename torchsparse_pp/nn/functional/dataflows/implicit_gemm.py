@@ -2,29 +2,39 @@
 
 Forward and wgrad walk the destination-row table, dgrad the source-row table with W^T.
 """
-from .... import ops
+from .... import backends, ops
 
-# Output rows per CPU tile: small tiles waste few MACs on absent neighbours, and consecutive
-# tiles with equal masks still run as one GEMM. Sorting works within windows of rows, which
-# keeps the gathers spatially local (a global sort scatters them over the whole scan).
-TILE_ROWS = 8
-SORT_WINDOW = 4096
+# CPU: 8-row tiles waste few MACs on absent neighbours, and consecutive tiles with equal masks
+# still run as one GEMM. Sorting works within windows of rows, which keeps the gathers spatially
+# local (a global sort scatters them over the whole scan).
+CPU_TILE_ROWS = 8
+CPU_SORT_WINDOW = 4096
+# CUDA: plan tiles of 64 rows (CTAs of 128 rows OR two of them); one global sort per split, so
+# rows with equal masks share CTAs.
+CUDA_TILE_ROWS = 64
+CUDA_SORT_WINDOW = 0
 
 
-def _plan(view, rows, config):
+def _plan_shape(device):
+    return (CPU_TILE_ROWS, CPU_SORT_WINDOW) if device.type == "cpu" else (CUDA_TILE_ROWS, CUDA_SORT_WINDOW)
+
+
+def _run_plan(view, rows, config, device):
+    tile_rows, sort_window = _plan_shape(device)
     splits = min(config.split_mask_num, view.kmap.geometry.volume)
-    return view.kmap.plan(view.side(rows), splits, TILE_ROWS, SORT_WINDOW)
+    return (*view.kmap.plan(view.side(rows), splits, tile_rows, sort_window), tile_rows)
 
 
 def forward(feats, weight, view, config, deterministic):
     return ops.implicit_gemm_forward(feats, weight, view.table("dst"), view.num_dst, False,
-                                     *_plan(view, "dst", config), TILE_ROWS)
+                                     *_run_plan(view, "dst", config, feats.device), backends.allow_tf32)
 
 
 def dgrad(grad, weight, view, config, deterministic):
     return ops.implicit_gemm_forward(grad, weight, view.table("src"), view.num_src, True,
-                                     *_plan(view, "src", config), TILE_ROWS)
+                                     *_run_plan(view, "src", config, grad.device), backends.allow_tf32)
 
 
 def wgrad(feats, grad, view, config, deterministic):
-    return ops.implicit_gemm_wgrad(feats, grad, view.table("dst"), *_plan(view, "dst", config), TILE_ROWS)
+    return ops.implicit_gemm_wgrad(feats, grad, view.table("dst"), *_run_plan(view, "dst", config, feats.device),
+                                   backends.allow_tf32)
