@@ -16,6 +16,13 @@ from .kernel_map import OUT_IN_ROW_PADDING, KernelMap
 DOWNSAMPLE_MODES = ("spconv", "minkowski")
 
 
+def _elapsed(started: float, result: torch.Tensor) -> float:
+    """Seconds since ``started``, once the device has finished building ``result``."""
+    if result.is_cuda:
+        torch.cuda.synchronize(result.device)
+    return time.perf_counter() - started
+
+
 def submanifold_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGeometry,
                     spatial_range: Optional[Triple]) -> KernelMap:
     """Q = P: outputs sit on the input coordinates (built by sort and merge)."""
@@ -25,7 +32,7 @@ def submanifold_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvG
         out_in = ops.kmap_submanifold(coords, geometry.kernel_size, geometry.dilation, geometry.padding,
                                       OUT_IN_ROW_PADDING)
         return KernelMap(coords, coords, geometry, "submanifold", out_in, spatial_range, spatial_range,
-                         time.perf_counter() - started)
+                         _elapsed(started, out_in))
 
     key = KernelMapKey(cache.token(coords), geometry, "submanifold", spatial_range)
     return cache.kernel_map(key, build)
@@ -52,7 +59,7 @@ def strided_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGeome
                                  f"the dense output size would be {out_range}")
         out_coords, out_in = ops.kmap_downsample(coords, *geometry.args(), mode, clip, OUT_IN_ROW_PADDING)
         return KernelMap(coords, out_coords, geometry, mode, out_in, spatial_range, out_range,
-                         time.perf_counter() - started)
+                         _elapsed(started, out_in))
 
     key = KernelMapKey(cache.token(coords), geometry, mode, spatial_range)
     return cache.kernel_map(key, build)
@@ -71,7 +78,7 @@ def generative_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGe
             raise ValueError(f"spatial_range {spatial_range} gives an empty transposed output {fine_range}")
         fine, out_in = ops.kmap_generative(coords, *geometry.args(), fine_range, OUT_IN_ROW_PADDING)
         return KernelMap(fine, coords, geometry, "generative", out_in, fine_range, spatial_range,
-                         time.perf_counter() - started)
+                         _elapsed(started, out_in))
 
     key = KernelMapKey(cache.token(coords), geometry, "generative", spatial_range)
     return cache.kernel_map(key, build)
