@@ -1,0 +1,112 @@
+"""What differs between segmentation and detection: the model, the loss of a batch, and the
+evaluation of a batch (with the metric that sums them up)."""
+from typing import Dict, List, Sequence
+
+import torch
+import torch.nn.functional as TF
+
+from ..models import CenterPoint, MinkUNet
+from ..models.centerpoint import voxelize
+from .config import Config
+from .data import POINT_FEATURES
+from .distributed import all_reduce_sum, gather_objects
+from .metrics import IGNORE_INDEX, bev_map, confusion_matrix, iou_from_confusion, mean_iou
+
+__all__ = ["SegmentationTask", "DetectionTask", "build_task"]
+
+
+class SegmentationTask:
+    """MinkUNet, cross entropy over voxels (ignore 255), point-level confusion matrix -> mIoU."""
+
+    def __init__(self, config: Config, class_names: Sequence[str]):
+        self.config, self.class_names = config, tuple(class_names)
+        self.num_classes = len(self.class_names)
+
+    def build_model(self) -> torch.nn.Module:
+        return MinkUNet(POINT_FEATURES[self.config.data.format], self.num_classes, self.config.model.cr)
+
+    def loss(self, model, batch, device) -> Dict[str, torch.Tensor]:
+        logits = model(batch["lidar"].to(device))
+        targets = torch.cat(batch["targets"]) if isinstance(batch["targets"], list) else batch["targets"].reshape(-1)
+        loss = TF.cross_entropy(logits.float(), targets.to(device), ignore_index=IGNORE_INDEX)
+        return {"loss": loss}
+
+    def start_eval(self) -> None:
+        self.confusion = torch.zeros(self.num_classes, self.num_classes, dtype=torch.int64)
+
+    @torch.no_grad()
+    def eval_batch(self, model, batch, device) -> List[torch.Tensor]:
+        """Adds the batch to the confusion matrix; returns per-sample point predictions."""
+        lidar = batch["lidar"]
+        pred = model(lidar.to(device)).argmax(1).cpu()
+        batch_index = lidar.C[:, 0].long().cpu()
+        inverse, targets = _per_sample(batch["inverse_map"]), _per_sample(batch["point_targets"])
+        out = []
+        for b, (inv, tgt) in enumerate(zip(inverse, targets)):
+            point_pred = pred[batch_index == b][inv]
+            self.confusion += confusion_matrix(point_pred, tgt, self.num_classes)
+            out.append(point_pred)
+        return out
+
+    def finish_eval(self) -> Dict[str, object]:
+        confusion = all_reduce_sum(self.confusion)
+        iou = iou_from_confusion(confusion)
+        return {"miou": mean_iou(confusion), "iou": dict(zip(self.class_names, iou.tolist())),
+                "confusion": confusion}
+
+    @staticmethod
+    def summary(result: Dict[str, object]) -> Dict[str, float]:
+        return {"miou": result["miou"]}
+
+
+class DetectionTask:
+    """CenterPoint on its own voxel grid, its focal + L1 loss, BEV mAP of the decoded boxes."""
+
+    def __init__(self, config: Config, class_names: Sequence[str]):
+        self.config, self.class_names = config, tuple(class_names)
+        self.num_classes = len(self.class_names)
+        self.model_config = config.centerpoint_config(num_classes=self.num_classes)
+
+    def build_model(self) -> torch.nn.Module:
+        return CenterPoint(self.model_config)
+
+    def _forward(self, model, batch, device):
+        voxels = voxelize([p.to(device) for p in batch["points"]], self.model_config)
+        return model(voxels, len(batch["points"]))
+
+    def loss(self, model, batch, device) -> Dict[str, torch.Tensor]:
+        outputs = self._forward(model, batch, device)
+        core = model.module if hasattr(model, "module") else model
+        losses = core.loss(outputs, [b.to(device) for b in _per_sample(batch["boxes"])],
+                           [b.to(device) for b in _per_sample(batch["box_labels"])])
+        return losses
+
+    def start_eval(self) -> None:
+        self.predictions, self.ground_truth = [], []
+
+    @torch.no_grad()
+    def eval_batch(self, model, batch, device) -> List[Dict[str, torch.Tensor]]:
+        core = model.module if hasattr(model, "module") else model
+        preds = [{k: v.cpu() for k, v in p.items()} for p in core.predict(self._forward(model, batch, device))]
+        self.predictions += preds
+        self.ground_truth += [{"boxes": b, "labels": l} for b, l in
+                              zip(_per_sample(batch["boxes"]), _per_sample(batch["box_labels"]))]
+        return preds
+
+    def finish_eval(self) -> Dict[str, object]:
+        predictions, ground_truth = gather_objects(self.predictions), gather_objects(self.ground_truth)
+        result = bev_map(predictions, ground_truth, self.num_classes, self.config.eval.iou_threshold)
+        return {"map": result["map"], "ap": dict(zip(self.class_names, result["ap"]))}
+
+    @staticmethod
+    def summary(result: Dict[str, object]) -> Dict[str, float]:
+        return {"map": result["map"]}
+
+
+def _per_sample(value) -> List[torch.Tensor]:
+    """A collated per-sample entry as a list (stacked when all samples had equal shapes)."""
+    return list(value) if isinstance(value, (list, tuple)) else list(value.unbind(0))
+
+
+def build_task(config: Config, class_names: Sequence[str]):
+    return DetectionTask(config, class_names) if config.task == "detection" else SegmentationTask(config, class_names)
