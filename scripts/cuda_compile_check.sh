@@ -43,12 +43,12 @@ torch_includes="$torch_includes -I$out/shim"
 export NVCC gencode torch_includes python_include cuda_include out
 compile_cu() {
   # shellcheck disable=SC2086
-  "$NVCC" -c -O3 -std=c++17 --expt-relaxed-constexpr -DTSPP_WITH_CUDA -Icsrc $gencode $torch_includes \
+  "$NVCC" -c -O3 -std=c++17 --expt-relaxed-constexpr -DTSPP_WITH_CUDA $gencode $torch_includes \
     -I"$python_include" -Xcompiler -fPIC "$1" -o "$out/$(echo "$1" | tr '/' '_').o" || { echo "[cuda-check] FAILED: $1" >&2; return 1; }
 }
 compile_cpp() {
   # shellcheck disable=SC2086
-  g++ -fsyntax-only -std=c++20 -fopenmp -DTSPP_WITH_CUDA -Icsrc $torch_includes -I"$python_include" \
+  g++ -fsyntax-only -std=c++20 -fopenmp -DTSPP_WITH_CUDA $torch_includes -I"$python_include" \
     -I"$cuda_include" "$1" || { echo "[cuda-check] FAILED: $1" >&2; return 1; }
 }
 export -f compile_cu compile_cpp

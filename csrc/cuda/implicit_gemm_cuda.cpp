@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "cuda/implicit_gemm/params.h"
+#include "implicit_gemm/params.h"
 
 namespace torchsparse_pp {
 
