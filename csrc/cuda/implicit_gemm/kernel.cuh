@@ -38,6 +38,29 @@ __device__ __forceinline__ void copy_vector(T* dst, const T* src, bool valid, co
   }
 }
 
+// Runs `steps` (copy, multiply) steps through two shared-memory stages: the copy of step s + 1
+// is in flight while step s multiplies. load_stage(stage, step) issues the copies (cp.async or
+// plain stores); compute_stage(stage) reads a completed stage.
+template <typename Load, typename Compute>
+__device__ __forceinline__ void run_double_buffered(int steps, Load&& load_stage, Compute&& compute_stage) {
+  if (steps > 0) {
+    load_stage(0, 0);
+    cp_async_commit();
+  }
+  for (int s = 0; s < steps; ++s) {
+    if (s + 1 < steps) {
+      load_stage((s + 1) & 1, s + 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    compute_stage(s & 1);
+    __syncthreads();  // the next copy overwrites this stage
+  }
+}
+
 template <typename T_, class Math_, int CTA_M_, int CTA_N_, int CTA_K_, int VEC_, typename Out_>
 struct ForwardConfig {
   using T = T_;
@@ -160,22 +183,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const ForwardPar
 
   typename Cfg::Math math;
   math.zero();
-  if (steps > 0) {
-    load_stage(0, 0);
-    cp_async_commit();
-  }
-  for (int s = 0; s < steps; ++s) {
-    if (s + 1 < steps) {
-      load_stage((s + 1) & 1, s + 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    math.compute(As + (s & 1) * M * LDA, LDA, Bs + (s & 1) * KT * LDB, LDB);
-    __syncthreads();
-  }
+  run_double_buffered(steps, load_stage,
+                      [&](int stage) { math.compute(As + stage * M * LDA, LDA, Bs + stage * KT * LDB, LDB); });
 
   // Every row slot of the CTA is written, zeros included, so the output needs no memset.
   Out* const out = static_cast<Out*>(p.out) + int64_t(split) * P.num_rows * p.c_out;
@@ -279,22 +288,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) wgrad_kernel(const WgradParams 
 
   typename Cfg::Math math;
   math.zero();
-  if (steps > 0) {
-    load_stage(0, 0);
-    cp_async_commit();
-  }
-  for (int s = 0; s < steps; ++s) {
-    if (s + 1 < steps) {
-      load_stage((s + 1) & 1, s + 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    math.compute(As + (s & 1) * KT * LDA, LDA, Bs + (s & 1) * KT * LDB, LDB);
-    __syncthreads();
-  }
+  run_double_buffered(steps, load_stage,
+                      [&](int stage) { math.compute(As + stage * KT * LDA, LDA, Bs + stage * KT * LDB, LDB); });
 
   using Acc = typename Cfg::Math::Acc;
   Acc* const out = static_cast<Acc*>(p.partial) + (int64_t(chunk) * K + k) * p.c_in * p.c_out;

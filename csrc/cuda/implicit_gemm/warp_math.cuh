@@ -11,13 +11,14 @@ namespace igemm {
 
 // fp16 / bf16 through mma.m16n8k16, fragments through ldmatrix. Warps tile the CTA as
 // WARPS_M x WARPS_N; each warp owns a (CTA_M / WARPS_M) x (CTA_N / WARPS_N) block.
-template <typename T, int CTA_M, int CTA_N, int CTA_K, int WARPS_M, int WARPS_N, bool A_TRANS>
-struct MmaHalf {
+// Float accumulators of mma.sync m16n8 fragments: WARPS_M x WARPS_N warps tile the CTA, each
+// owning a (CTA_M / WARPS_M) x (CTA_N / WARPS_N) block of 16 x 8 fragments.
+template <int CTA_M, int CTA_N, int WARPS_M, int WARPS_N>
+struct MmaAccumulators {
   using Acc = float;
   static constexpr int kThreads = WARPS_M * WARPS_N * 32;
   static constexpr int kWarpM = CTA_M / WARPS_M, kWarpN = CTA_N / WARPS_N;
   static constexpr int kMI = kWarpM / 16, kNI = kWarpN / 8;
-  static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0 && CTA_K % 16 == 0, "mma.m16n8k16 tiling");
 
   float acc[kMI][kNI][4];
 
@@ -29,6 +30,30 @@ struct MmaHalf {
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
   }
+
+  // store(m, n, value) for every accumulator, m and n relative to the CTA tile. Fragment
+  // element e of lane (g = lane / 4, t = lane % 4) sits at row g + 8 * (e / 2), column 2t + e % 2.
+  template <typename Store>
+  __device__ __forceinline__ void for_each(Store&& store) const {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm0 = (warp / WARPS_N) * kWarpM, wn0 = (warp % WARPS_N) * kWarpN;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < kMI; ++i)
+#pragma unroll
+      for (int j = 0; j < kNI; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          store(wm0 + i * 16 + g + (e / 2) * 8, wn0 + j * 8 + 2 * t + (e % 2), acc[i][j][e]);
+  }
+};
+
+template <typename T, int CTA_M, int CTA_N, int CTA_K, int WARPS_M, int WARPS_N, bool A_TRANS>
+struct MmaHalf : MmaAccumulators<CTA_M, CTA_N, WARPS_M, WARPS_N> {
+  using Base = MmaAccumulators<CTA_M, CTA_N, WARPS_M, WARPS_N>;
+  using Base::acc;
+  static constexpr int kWarpM = Base::kWarpM, kWarpN = Base::kWarpN, kMI = Base::kMI, kNI = Base::kNI;
+  static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0 && CTA_K % 16 == 0, "mma.m16n8k16 tiling");
 
   __device__ __forceinline__ void compute(const T* As, int lda, const T* Bs, int ldb) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -65,41 +90,15 @@ struct MmaHalf {
     }
   }
 
-  // store(m, n, value) for every accumulator, m and n relative to the CTA tile.
-  template <typename Store>
-  __device__ __forceinline__ void for_each(Store&& store) const {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wm0 = (warp / WARPS_N) * kWarpM, wn0 = (warp % WARPS_N) * kWarpN;
-    const int g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int i = 0; i < kMI; ++i)
-#pragma unroll
-      for (int j = 0; j < kNI; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          store(wm0 + i * 16 + g + (e / 2) * 8, wn0 + j * 8 + 2 * t + (e % 2), acc[i][j][e]);
-  }
 };
 
 // float32 on TF32 tensor cores through mma.m16n8k8; operands rounded to TF32 as they are read.
 template <int CTA_M, int CTA_N, int CTA_K, int WARPS_M, int WARPS_N, bool A_TRANS>
-struct MmaTF32 {
-  using Acc = float;
-  static constexpr int kThreads = WARPS_M * WARPS_N * 32;
-  static constexpr int kWarpM = CTA_M / WARPS_M, kWarpN = CTA_N / WARPS_N;
-  static constexpr int kMI = kWarpM / 16, kNI = kWarpN / 8;
+struct MmaTF32 : MmaAccumulators<CTA_M, CTA_N, WARPS_M, WARPS_N> {
+  using Base = MmaAccumulators<CTA_M, CTA_N, WARPS_M, WARPS_N>;
+  using Base::acc;
+  static constexpr int kWarpM = Base::kWarpM, kWarpN = Base::kWarpN, kMI = Base::kMI, kNI = Base::kNI;
   static_assert(kWarpM % 16 == 0 && kWarpN % 8 == 0 && CTA_K % 8 == 0, "mma.m16n8k8 tiling");
-
-  float acc[kMI][kNI][4];
-
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (int i = 0; i < kMI; ++i)
-#pragma unroll
-      for (int j = 0; j < kNI; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-  }
 
   __device__ __forceinline__ static float a_at(const float* As, int lda, int m, int k) {
     return A_TRANS ? As[k * lda + m] : As[m * lda + k];
@@ -130,20 +129,6 @@ struct MmaTF32 {
         for (int i = 0; i < kMI; ++i) mma_m16n8k8_tf32(acc[i][j], a[i], b0, b1);
       }
     }
-  }
-
-  template <typename Store>
-  __device__ __forceinline__ void for_each(Store&& store) const {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wm0 = (warp / WARPS_N) * kWarpM, wn0 = (warp % WARPS_N) * kWarpN;
-    const int g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int i = 0; i < kMI; ++i)
-#pragma unroll
-      for (int j = 0; j < kNI; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          store(wm0 + i * 16 + g + (e / 2) * 8, wn0 + j * 8 + 2 * t + (e % 2), acc[i][j][e]);
   }
 };
 
