@@ -1,4 +1,4 @@
-"""Command line: ``torchsparse-pp {demo,info,synth}``."""
+"""Command line: ``torchsparse-pp {demo,train,eval,info,synth}``."""
 import argparse
 import sys
 from typing import List, Optional
@@ -25,8 +25,21 @@ def _demo(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    run_demo(beams=args.beams, voxel=args.voxel, channels=args.channels, repeats=args.repeats, seed=args.seed)
+    run_demo(data=args.data, out=args.out, device=args.device, quick=args.quick, epochs=args.epochs,
+             scans=args.scans, seed=args.seed)
     return 0
+
+
+def _train(args) -> int:
+    from torchsparse_pp.train.commands import run_train
+
+    return run_train(args)
+
+
+def _eval(args) -> int:
+    from torchsparse_pp.train.commands import run_eval
+
+    return run_eval(args)
 
 
 def _synth(args) -> int:
@@ -41,14 +54,26 @@ def _synth(args) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="torchsparse-pp", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run a generated LiDAR scan through sparse conv layers and time them")
-    demo.add_argument("--beams", type=int, default=64, choices=(32, 64))
-    demo.add_argument("--voxel", type=float, default=0.05, help="voxel size in metres")
-    demo.add_argument("--channels", type=int, default=32)
-    demo.add_argument("--repeats", type=int, default=5)
+    demo = sub.add_parser("demo", help="train MinkUNet on synthetic (or given) SemanticKITTI scans and show mIoU "
+                                        "before and after")
+    demo.add_argument("--data", default=None, help="a SemanticKITTI root (default: generate a synthetic one)")
+    demo.add_argument("--out", default="runs/demo", help="run directory (data, checkpoints, logs, PNG)")
+    demo.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    demo.add_argument("--epochs", type=int, default=None, help="training epochs (default: 24, 2 with --quick)")
+    demo.add_argument("--scans", type=int, default=None,
+                      help="train scans to generate or use (default: 16, 2 with --quick)")
+    demo.add_argument("--quick", action="store_true", help="a tiny setting that runs in well under a minute")
     demo.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
+    from torchsparse_pp.train.commands import add_eval_arguments, add_train_arguments
+
+    train = sub.add_parser("train", help="train a model from a YAML config (docs/training.md)")
+    add_train_arguments(train)
+    train.set_defaults(func=_train)
+    evaluate = sub.add_parser("eval", help="evaluate a checkpoint on the config's val split")
+    add_eval_arguments(evaluate)
+    evaluate.set_defaults(func=_eval)
     info = sub.add_parser("info", help="print versions and available kernels")
     info.set_defaults(func=_info)
     synth = sub.add_parser("synth", help="write a synthetic LiDAR dataset in a real on-disk format")

@@ -156,8 +156,9 @@ class Trainer:
         self.step += 1
         return {k: float(v.detach()) for k, v in losses.items()}
 
-    def fit(self) -> Dict[str, object]:
-        """Trains to the end of the schedule; returns the last evaluation (or {})."""
+    def fit(self, report: bool = True) -> Dict[str, object]:
+        """Trains to the end of the schedule, evaluating after each epoch (train.eval_every_epoch)
+        and at the end; returns the last evaluation. ``report``: print each evaluation's table."""
         train = self.config.train
         result: Dict[str, object] = {}
         while self.step < self.total_steps:
@@ -189,7 +190,7 @@ class Trainer:
             if train.eval_every_epoch or self.step >= self.total_steps:
                 result = self.evaluate()
                 self.logger.log("eval", self.step, self.task.summary(result))
-                if self.dist.is_main:
+                if report and self.dist.is_main:
                     print(format_results(result, self.task.class_names), flush=True)
         self.logger.close()
         return result
