@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../common/offset_groups.h"
 #include "checks_cpu.h"
 #include "pair_tiles.h"
 
@@ -23,38 +24,6 @@ namespace torchsparse_pp {
 namespace {
 
 constexpr int64_t kDeterministicTileRows = 64;
-
-// Offsets whose pairs are multiplied together: one member is a plain GEMM, several are padded
-// to `rows` pairs each and batched.
-struct OffsetGroup {
-  std::vector<int64_t> members;
-  int64_t rows;
-};
-
-// Offsets (largest first) below mm_thresh pairs join the current group while padding them to its
-// largest count wastes at most `epsilon` of it; epsilon = 0 keeps one GEMM per offset.
-std::vector<OffsetGroup> plan_groups(const int64_t* off, const bool* identity, int64_t K,
-                                     double epsilon, int64_t mm_thresh) {
-  std::vector<int64_t> order;
-  for (int64_t k = 0; k < K; ++k)
-    if (!identity[k] && off[k + 1] > off[k]) order.push_back(k);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return off[a + 1] - off[a] > off[b + 1] - off[b];
-  });
-  std::vector<OffsetGroup> groups;
-  bool open = false;
-  for (int64_t k : order) {
-    const int64_t n = off[k + 1] - off[k];
-    const bool batchable = epsilon > 0 && n < mm_thresh;
-    if (open && batchable && groups.back().rows - n <= epsilon * groups.back().rows) {
-      groups.back().members.push_back(k);
-      continue;
-    }
-    groups.push_back({{k}, n});
-    open = batchable;
-  }
-  return groups;
-}
 
 // C[m, n] = A[m, k] B[k, n] as fixed 64-row tiles, each on one thread.
 template <typename M>
@@ -108,7 +77,8 @@ at::Tensor forward_impl(const at::Tensor& feats, const at::Tensor& weight, const
   const int64_t c_src = w.size(1), c_dst = w.size(2);
   const int64_t* off = offsets.data_ptr<int64_t>();
   const bool* is_identity = identity.data_ptr<bool>();
-  const auto groups = plan_groups(off, is_identity, K, epsilon, mm_thresh);
+  const auto groups =
+      plan_offset_groups(off, K, [&](int64_t k) { return is_identity[k]; }, epsilon, mm_thresh);
   int64_t max_rows = 0;
   for (const auto& g : groups) max_rows = std::max<int64_t>(max_rows, g.rows * g.members.size());
   at::Tensor gathered = at::empty({max_rows, c_src}, feats.options().dtype(buffer_type));

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "../common/offset_groups.h"
 #include "../cpu/checks_cpu.h"
 #include "gather_scatter.h"
 
@@ -107,38 +108,6 @@ HostPairs check_pairs_cuda(const at::Tensor& src_idx, const at::Tensor& dst_idx,
   return pairs;
 }
 
-// Offsets whose pairs are multiplied together: one member is a plain GEMM, several are padded
-// to `rows` pairs each and batched.
-struct OffsetGroup {
-  std::vector<int64_t> members;
-  int64_t rows;
-};
-
-// The CPU op's adaptive grouping: offsets (largest first) below mm_thresh pairs join the current
-// group while padding them to its largest count wastes at most `epsilon` of it; epsilon = 0
-// keeps one GEMM per offset.
-std::vector<OffsetGroup> plan_groups(const std::vector<int64_t>& off, const std::vector<bool>& identity,
-                                     double epsilon, int64_t mm_thresh) {
-  const int64_t K = static_cast<int64_t>(identity.size());
-  std::vector<int64_t> order;
-  for (int64_t k = 0; k < K; ++k)
-    if (!identity[k] && off[k + 1] > off[k]) order.push_back(k);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return off[a + 1] - off[a] > off[b + 1] - off[b]; });
-  std::vector<OffsetGroup> groups;
-  bool open = false;
-  for (int64_t k : order) {
-    const int64_t n = off[k + 1] - off[k];
-    const bool batchable = epsilon > 0 && n < mm_thresh;
-    if (open && batchable && groups.back().rows - n <= epsilon * groups.back().rows) {
-      groups.back().members.push_back(k);
-      continue;
-    }
-    groups.push_back({{k}, n});
-    open = batchable;
-  }
-  return groups;
-}
 
 kernels::ScatterTypes scatter_types(at::ScalarType st) {
   switch (st) {
@@ -205,7 +174,8 @@ at::Tensor gather_scatter_forward_cuda(const at::Tensor& feats_in, const at::Ten
   }
   if (!out.defined()) out = at::zeros({num_dst, c_dst}, feats.options().dtype(acc_type));
 
-  const auto groups = plan_groups(off, pairs.identity, epsilon, mm_thresh);
+  const auto groups = plan_offset_groups(off.data(), static_cast<int64_t>(pairs.identity.size()),
+                                         [&](int64_t k) { return bool(pairs.identity[k]); }, epsilon, mm_thresh);
   int64_t max_rows = 0;
   std::vector<int64_t> batched_members;  // members of multi-offset groups, group after group
   for (const auto& g : groups) {
