@@ -89,8 +89,11 @@ class DetectionTask:
         core = model.module if hasattr(model, "module") else model
         preds = [{k: v.cpu() for k, v in p.items()} for p in core.predict(self._forward(model, batch, device))]
         self.predictions += preds
-        self.ground_truth += [{"boxes": b, "labels": l} for b, l in
-                              zip(_per_sample(batch["boxes"]), _per_sample(batch["box_labels"]))]
+        x_min, y_min, _, x_max, y_max, _ = self.model_config.point_cloud_range
+        for boxes, labels in zip(_per_sample(batch["boxes"]), _per_sample(batch["box_labels"])):
+            # Only boxes whose centre lies on the model's BEV map can be found.
+            inside = ((boxes[:, 0] >= x_min) & (boxes[:, 0] < x_max) & (boxes[:, 1] >= y_min) & (boxes[:, 1] < y_max))
+            self.ground_truth.append({"boxes": boxes[inside], "labels": labels[inside]})
         return preds
 
     def finish_eval(self) -> Dict[str, object]:
