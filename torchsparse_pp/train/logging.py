@@ -52,6 +52,18 @@ class RunLogger:
             for name, value in values.items():
                 self.writer.add_scalar(f"{kind}/{name}", value, step)
 
+    def drop_after(self, step: int) -> None:
+        """Removes the rows past ``step`` from every CSV: a resumed run rewrites them."""
+        if not self.enabled:
+            return
+        for path in self.run_dir.glob("*.csv"):
+            with open(path, newline="") as f:
+                rows = list(csv.reader(f))
+            kept = rows[:1] + [r for r in rows[1:] if r and int(r[0]) <= step]
+            if len(kept) != len(rows):
+                with open(path, "w", newline="") as f:
+                    csv.writer(f).writerows(kept)
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()

@@ -121,6 +121,7 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])
         self.epoch, self.step, self.batch_in_epoch = state["epoch"], state["step"], state["batch_in_epoch"]
+        self.logger.drop_after(self.step)
 
     # ------------------------------------------------------------------ training
     def _autocast(self):
