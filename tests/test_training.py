@@ -48,9 +48,15 @@ def segmentation_config(root, run_dir, **train):
 
 
 def test_segmentation_loss_decreases_and_logs(kitti_root, tmp_path):
+    from torchsparse_pp import backends
+    from torchsparse_pp.nn.functional import get_default_config
+
     config = segmentation_config(kitti_root, tmp_path / "run", epochs=3)
+    outside = (backends.deterministic, get_default_config())
     trainer = Trainer(config)
     result = trainer.fit(report=False)
+    # deterministic mode and fetch_on_demand held inside the trainer only
+    assert (backends.deterministic, get_default_config()) == outside
     losses = trainer.losses
     assert len(losses) == 6 and all(math.isfinite(v) for v in losses)
     assert losses[-1] < losses[0], losses

@@ -60,7 +60,7 @@ def _bev_pictures(trainer: Trainer, out: Path) -> Optional[Path]:
     frame = dataset.frame((0, 0))
     sample = dataset.reader.voxelize(frame)
     trainer.model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), trainer.library_settings():
         logits = trainer.model(sample["lidar"].to(trainer.device))
     point_pred = logits.argmax(1).cpu()[sample["inverse_map"]].numpy()
     extent = trainer.config.data.crop

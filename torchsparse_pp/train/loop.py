@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from .. import backends
-from ..nn.functional import ConvConfig, set_default_config
+from ..nn.functional import ConvConfig, default_config
 from .checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from .config import Config, config_to_dict, dump_config
 from .data import build_dataset, build_loader, class_names
@@ -53,8 +53,7 @@ class Trainer:
         train = config.train
         if train.threads:
             torch.set_num_threads(train.threads)
-        backends.deterministic = train.deterministic
-        set_default_config(ConvConfig(train.conv_dataflow) if train.conv_dataflow else None)
+        self.conv_config = ConvConfig(train.conv_dataflow) if train.conv_dataflow else None
         self.dist = dist_info or init_distributed(train.device)
         self.device = _device(config)
         self.run_dir = Path(train.run_dir)
@@ -124,12 +123,28 @@ class Trainer:
         self.logger.drop_after(self.step)
 
     # ------------------------------------------------------------------ training
+    @contextlib.contextmanager
+    def library_settings(self):
+        """train.deterministic and train.conv_dataflow, for the duration of a block only (the
+        caller's settings come back afterwards)."""
+        saved = backends.deterministic
+        backends.deterministic = self.config.train.deterministic
+        try:
+            with default_config(self.conv_config) if self.conv_config else contextlib.nullcontext():
+                yield
+        finally:
+            backends.deterministic = saved
+
     def _autocast(self):
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
     def train_step(self, batch) -> Dict[str, float]:
+        with self.library_settings():
+            return self._train_step(batch)
+
+    def _train_step(self, batch) -> Dict[str, float]:
         self.model.train()
         with self._autocast():
             losses = self.task.loss(self.model, batch, self.device)
@@ -196,9 +211,12 @@ class Trainer:
         self.logger.close()
         return result
 
-    @torch.no_grad()
     def evaluate(self, progress: Optional[bool] = None) -> Dict[str, object]:
         """The val split through the model (eval mode); every rank gets the combined result."""
+        with self.library_settings(), torch.no_grad():
+            return self._evaluate(progress)
+
+    def _evaluate(self, progress: Optional[bool]) -> Dict[str, object]:
         self.model.eval()
         self.task.start_eval()
         show = self.config.train.progress if progress is None else progress
