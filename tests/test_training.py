@@ -275,3 +275,15 @@ def test_demo_quick_end_to_end(tmp_path):
     png = tmp_path / "demo" / "bev_prediction.png"
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "demo" / "run" / "last.pt").is_file()
+
+
+def test_data_stream_is_independent_of_worker_count(kitti_root, tmp_path):
+    seed = fresh_seed() % 10000
+    losses = []
+    for workers in (0, 2):
+        config = segmentation_config(kitti_root, tmp_path / f"w{workers}", epochs=1, seed=seed, eval_every_epoch=False)
+        config.data.num_workers = workers
+        trainer = Trainer(config)
+        trainer.fit(report=False)
+        losses.append(trainer.losses)
+    assert len(losses[0]) == 2 and losses[0] == losses[1]
