@@ -160,6 +160,9 @@ at::Tensor implicit_gemm_forward_cuda(const at::Tensor& feats_in, const at::Tens
   const int64_t K = weight.size(0), c_in = weight.size(1), c_out = weight.size(2);
   TORCH_CHECK(feats.size(1) == c_in, "feats have ", feats.size(1), " channels but the weight expects ", c_in);
   TORCH_CHECK(c_in < (1 << 30) && c_out < (1 << 30), "channel counts must be below 2^30");
+  // The kernel counts its (offset, C_in chunk) steps in int; the smallest chunk is 8 channels.
+  TORCH_CHECK(K * ((c_in + 7) / 8) < std::numeric_limits<int32_t>::max(), "kernel volume x input channels (", K,
+              " x ", c_in, ") is too large");
   const int64_t num_src = feats.size(0);
   const PlanView plan = checked_plan(table, num_dst, K, num_src, bounds, order, tile_masks, tile_rows);
   const auto st = feats.scalar_type();
