@@ -40,6 +40,14 @@ int multiprocessors(const at::Device& device) {
 
 cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
+// cp.async, mma.sync m16n8k16 and TF32 need compute capability 8.0 (Ampere) or newer.
+void check_architecture(const at::Device& device) {
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index()));
+  TORCH_CHECK(major >= 8, "the CUDA implicit GEMM needs compute capability 8.0 or newer; ", device, " has ", major,
+              ".x (use the gather_scatter dataflow there)");
+}
+
 void check_operand(const at::Tensor& t, const char* name, const at::Device& device) {
   TORCH_CHECK(t.dim() == 2, name, " must be 2-D [N, C], got ", t.sizes());
   TORCH_CHECK(t.device() == device, name, " is on ", t.device(), " but the map is on ", device);
@@ -58,7 +66,8 @@ PlanView checked_plan(const at::Tensor& table, int64_t num_rows, int64_t K, int6
               table.size(0), " rows");
   TORCH_CHECK(num_rows < std::numeric_limits<int32_t>::max() && num_src < std::numeric_limits<int32_t>::max(),
               "row counts must fit int32");
-  TORCH_CHECK(K >= 1 && K <= 65535, "the kernel volume must be in [1, 65535], got ", K);
+  // The forward kernel lists a CTA's offsets in shared memory (4 bytes each).
+  TORCH_CHECK(K >= 1 && K <= 4096, "the CUDA implicit GEMM supports kernel volumes in [1, 4096], got ", K);
   TORCH_CHECK(tile_rows >= 1, "tile_rows must be >= 1, got ", tile_rows);
   for (const auto* t : {&bounds, &order, &tile_masks})
     TORCH_CHECK(t->device() == device && t->is_contiguous(), "plan tensors must be contiguous and on ", device);
@@ -148,6 +157,7 @@ at::Tensor implicit_gemm_forward_cuda(const at::Tensor& feats_in, const at::Tens
                                       const at::Tensor& order, const at::Tensor& tile_masks, int64_t tile_rows,
                                       bool allow_tf32) {
   const c10::cuda::CUDAGuard guard(table.device());
+  check_architecture(table.device());
   check_operand(feats_in, "feats", table.device());
   TORCH_CHECK(weight_in.dim() == 3, "weight must be [K, C_in, C_out], got ", weight_in.sizes());
   TORCH_CHECK(weight_in.device() == table.device(), "weight is on ", weight_in.device(), " but the map is on ",
@@ -159,7 +169,8 @@ at::Tensor implicit_gemm_forward_cuda(const at::Tensor& feats_in, const at::Tens
   const auto feats = feats_in.contiguous();
   const int64_t K = weight.size(0), c_in = weight.size(1), c_out = weight.size(2);
   TORCH_CHECK(feats.size(1) == c_in, "feats have ", feats.size(1), " channels but the weight expects ", c_in);
-  TORCH_CHECK(c_in < (1 << 30) && c_out < (1 << 30), "channel counts must be below 2^30");
+  TORCH_CHECK(c_in < (1 << 30) && c_out <= (1 << 21), "channel counts must be below 2^30 (input) and 2^21 "
+              "(output: grid rows of at most 65535 tiles)");
   // The kernel counts its (offset, C_in chunk) steps in int; the smallest chunk is 8 channels.
   TORCH_CHECK(K * ((c_in + 7) / 8) < std::numeric_limits<int32_t>::max(), "kernel volume x input channels (", K,
               " x ", c_in, ") is too large");
@@ -195,6 +206,7 @@ at::Tensor implicit_gemm_wgrad_cuda(const at::Tensor& feats_in, const at::Tensor
                                     const at::Tensor& bounds, const at::Tensor& order, const at::Tensor& tile_masks,
                                     int64_t tile_rows, bool allow_tf32) {
   const c10::cuda::CUDAGuard guard(table.device());
+  check_architecture(table.device());
   check_operand(feats_in, "feats", table.device());
   check_operand(grad_in, "grad_out", table.device());
   TORCH_CHECK(feats_in.scalar_type() == grad_in.scalar_type(), "feats dtype ", feats_in.scalar_type(),

@@ -7,10 +7,12 @@
 namespace torchsparse_pp {
 namespace igemm {
 
+// Dynamic shared memory beyond the default 48 KiB (which also covers the kernels' few bytes of
+// static shared memory, hence the margin) needs an explicit opt-in.
 template <typename Kernel>
 cudaError_t allow_shared_bytes(Kernel kernel, size_t bytes) {
-  constexpr size_t kDefaultLimit = 48 * 1024;
-  if (bytes <= kDefaultLimit) return cudaSuccess;
+  constexpr size_t kDefaultDynamicLimit = 48 * 1024 - 1024;
+  if (bytes <= kDefaultDynamicLimit) return cudaSuccess;
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }
 
