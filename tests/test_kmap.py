@@ -182,6 +182,18 @@ def test_submanifold_merge_never_aliases_across_packed_fields():
     assert int((merged[:5] >= 0).sum()) == 5 + 2  # only self-pairs and the y-neighbours 0 <-> 2
 
 
+def test_submanifold_merge_with_points_at_the_low_edge_of_the_range(generator):
+    """Batch-0 points at x = -32768 shift below the smallest packed key; rows after them in the
+    same chunk (other batches included) must keep their neighbours."""
+    edge = torch.tensor([[0, -32768, 5, 5], [0, -32768, -32768, -32768], [0, 4, -32768, 7]], dtype=torch.int32)
+    rest = random_coords(generator, 600, batch=3, low=-6, high=6)
+    coords = torch.unique(torch.cat([edge, rest]), dim=0).int()
+    coords = coords[torch.randperm(coords.shape[0], generator=generator)].contiguous()
+    for geometry in (ConvGeometry.make(3), ConvGeometry.make(2), ConvGeometry.make(3, dilation=2, padding=2)):
+        merged = ops.kmap_submanifold(coords, geometry.kernel_size, geometry.dilation, geometry.padding, 128)
+        assert np.array_equal(merged[:coords.shape[0]].numpy(), numpy_out_in(coords, coords, geometry))
+
+
 def test_submanifold_merge_rejects_duplicates():
     coords = torch.tensor([[0, 1, 2, 3], [0, 4, 5, 6], [0, 1, 2, 3]], dtype=torch.int32)
     with pytest.raises(RuntimeError, match=r"duplicate coordinate \(0, 1, 2, 3\) at rows 0 and 2"):

@@ -61,10 +61,14 @@ at::Tensor kmap_submanifold_cpu(const at::Tensor& coords_in, at::IntArrayRef ker
       const int64_t i0 = chunk * kMergeChunk, i1 = std::min(n, i0 + kMergeChunk);
       for (int64_t k = 0; k < merged; ++k) {
         const Shift sh = shifts[k];
-        const auto first = static_cast<uint64_t>(static_cast<int64_t>(keys[i0]) + sh.delta);
-        int64_t j = std::lower_bound(keys.begin(), keys.end(), first) - keys.begin();
+        // Shifted keys below 0 (batch 0 at the low edge of the range) have no neighbour; they
+        // form a prefix of the chunk, since the keys are sorted and the shift is constant.
+        const int64_t first = std::max<int64_t>(static_cast<int64_t>(keys[i0]) + sh.delta, 0);
+        int64_t j = std::lower_bound(keys.begin(), keys.end(), static_cast<uint64_t>(first)) - keys.begin();
         for (int64_t i = i0; i < i1; ++i) {
-          const auto query = static_cast<uint64_t>(static_cast<int64_t>(keys[i]) + sh.delta);
+          const int64_t shifted = static_cast<int64_t>(keys[i]) + sh.delta;
+          if (shifted < 0) continue;
+          const auto query = static_cast<uint64_t>(shifted);
           while (j < n && keys[j] < query) ++j;
           if (j == n) break;
           if (keys[j] != query) continue;
