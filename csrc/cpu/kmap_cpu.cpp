@@ -84,13 +84,7 @@ at::Tensor kmap_out_in_cpu(const at::Tensor& table_in, const at::Tensor& out_coo
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cpu(
     const at::Tensor& out_in_in, int64_t num_in, int64_t num_out) {
-  TORCH_CHECK(out_in_in.scalar_type() == at::kInt && out_in_in.dim() == 2,
-              "out_in must be an int32 [rows, K] map, got ", out_in_in.scalar_type(), " ",
-              out_in_in.sizes());
-  TORCH_CHECK(num_in >= 0 && num_out >= 0, "num_in and num_out must be >= 0, got ", num_in, " and ",
-              num_out);
-  TORCH_CHECK(num_out <= out_in_in.size(0), "num_out (", num_out, ") exceeds the rows of out_in (",
-              out_in_in.size(0), ")");
+  check_pairs_arguments(out_in_in, num_in, num_out);
   const auto out_in = out_in_in.contiguous();
   const int64_t K = out_in.size(1);
   const int32_t* m = out_in.data_ptr<int32_t>();

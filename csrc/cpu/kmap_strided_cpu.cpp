@@ -167,16 +167,6 @@ std::vector<uint64_t> unique_keys(const std::vector<uint64_t>& sorted) {
   return out;
 }
 
-const int64_t* checked_range(const at::OptionalIntArrayRef& out_range, int64_t* buf) {
-  if (!out_range.has_value()) return nullptr;
-  TORCH_CHECK(out_range->size() == 3, "out_range must have 3 entries, got ", *out_range);
-  for (int a = 0; a < 3; ++a) {
-    TORCH_CHECK((*out_range)[a] >= 1, "out_range must be positive, got ", *out_range);
-    buf[a] = (*out_range)[a];
-  }
-  return buf;
-}
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> kmap_downsample_cpu(const at::Tensor& coords_in,
@@ -189,11 +179,7 @@ std::tuple<at::Tensor, at::Tensor> kmap_downsample_cpu(const at::Tensor& coords_
                                                        int64_t pad_rows_to) {
   const auto coords = checked_coords(coords_in, "coords");
   const auto g = make_geometry(kernel_size, stride, dilation, padding);
-  TORCH_CHECK(mode == "spconv" || mode == "minkowski", "unknown downsample mode '",
-              std::string(mode), "'; expected 'spconv' or 'minkowski'");
-  const bool minkowski = mode == "minkowski";
-  TORCH_CHECK(!(minkowski && out_range.has_value()),
-              "out_range does not apply to the minkowski output set (floor(p/s) needs no clip)");
+  const bool minkowski = checked_minkowski_mode(mode, out_range);
   int64_t range_buf[3];
   const int64_t* range = checked_range(out_range, range_buf);
   const int64_t K = g.volume();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "checks_cpu.h"
+#include "kmap_common.h"
 #include "radix_sort.h"
 
 namespace torchsparse_pp {
@@ -46,23 +47,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> kmap_plan_cpu(const at::Tensor& t
   TORCH_CHECK(table.dim() == 2, "the map must be [rows, K], got ", table.sizes());
   const int64_t K = table.size(1);
   check_table(table, num_rows, K, std::numeric_limits<int32_t>::max());
-  TORCH_CHECK(split_mask_num >= 0 && split_mask_num <= K, "split_mask_num must be in [0, K = ", K,
-              "], got ", split_mask_num);
-  TORCH_CHECK(tile_rows >= 1, "tile_rows must be >= 1, got ", tile_rows);
-  TORCH_CHECK(sort_window >= 0, "sort_window must be >= 0, got ", sort_window);
-  // Sorting within windows of rows keeps the spatial order between windows (cache locality
-  // of the gathers); 0 sorts all rows at once.
-  const int64_t window = sort_window > 0 ? sort_window : std::max<int64_t>(num_rows, 1);
-  const bool sorted = split_mask_num > 0;
-  const int64_t splits = sorted ? split_mask_num : 1;
-  auto bounds = at::empty({splits + 1}, table.options().dtype(at::kLong));
-  int64_t* b = bounds.data_ptr<int64_t>();
-  int64_t longest = 0;
-  for (int64_t s = 0; s <= splits; ++s) b[s] = s * K / splits;
-  for (int64_t s = 0; s < splits; ++s) longest = std::max(longest, b[s + 1] - b[s]);
-  const int64_t words = (longest + 63) / 64;
-  const int64_t tiles = (num_rows + tile_rows - 1) / tile_rows;
-  const int64_t padded = tiles * tile_rows;
+  const PlanShape shape = plan_shape(K, num_rows, split_mask_num, tile_rows, sort_window);
+  const bool sorted = shape.sorted;
+  const int64_t splits = shape.splits, window = shape.window, words = shape.words, tiles = shape.tiles;
+  const int64_t padded = shape.padded;
+  const std::vector<int64_t>& b = shape.bounds;
+  const auto bounds = at::tensor(b, table.options().dtype(at::kLong));
   auto order = at::full({sorted ? splits : 0, padded}, -1, table.options());
   auto tile_masks = at::zeros({splits, tiles, words}, table.options().dtype(at::kLong));
   const int32_t* m = table.data_ptr<int32_t>();

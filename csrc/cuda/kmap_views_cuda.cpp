@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "../cpu/kmap_common.h"
 #include "kmap_common_cuda.h"
 #include "kmap_views.h"
 
@@ -40,13 +41,7 @@ at::Tensor rows_by_mask(const at::Tensor& masks, int64_t window) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cuda(const at::Tensor& out_in_in,
                                                                            int64_t num_in, int64_t num_out) {
-  TORCH_CHECK(out_in_in.scalar_type() == at::kInt && out_in_in.dim() == 2,
-              "out_in must be an int32 [rows, K] map, got ", out_in_in.scalar_type(), " ",
-              out_in_in.sizes());
-  TORCH_CHECK(num_in >= 0 && num_out >= 0, "num_in and num_out must be >= 0, got ", num_in, " and ",
-              num_out);
-  TORCH_CHECK(num_out <= out_in_in.size(0), "num_out (", num_out, ") exceeds the rows of out_in (",
-              out_in_in.size(0), ")");
+  check_pairs_arguments(out_in_in, num_in, num_out);
   TORCH_CHECK(out_in_in.is_cuda(), "out_in must be on a CUDA device for this kernel, got ", out_in_in.device());
   const auto out_in = out_in_in.contiguous();
   const int64_t K = out_in.size(1);
@@ -107,24 +102,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> kmap_plan_cuda(const at::Tensor& 
   const int64_t K = table.size(1);
   const c10::cuda::CUDAGuard guard(table.device());
   check_table_cuda(table, num_rows, K, std::numeric_limits<int32_t>::max());
-  TORCH_CHECK(split_mask_num >= 0 && split_mask_num <= K, "split_mask_num must be in [0, K = ", K,
-              "], got ", split_mask_num);
-  TORCH_CHECK(tile_rows >= 1, "tile_rows must be >= 1, got ", tile_rows);
-  TORCH_CHECK(sort_window >= 0, "sort_window must be >= 0, got ", sort_window);
+  const PlanShape shape = plan_shape(K, num_rows, split_mask_num, tile_rows, sort_window);
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  // Sorting within windows of rows keeps the spatial order between windows; 0 sorts all rows.
-  const int64_t window = sort_window > 0 ? sort_window : std::max<int64_t>(num_rows, 1);
-  const bool sorted = split_mask_num > 0;
-  const int64_t splits = sorted ? split_mask_num : 1;
-  auto bounds_cpu = at::empty({splits + 1}, table.options().device(at::kCPU).dtype(at::kLong));
-  int64_t* b = bounds_cpu.data_ptr<int64_t>();
-  int64_t longest = 0;
-  for (int64_t s = 0; s <= splits; ++s) b[s] = s * K / splits;
-  for (int64_t s = 0; s < splits; ++s) longest = std::max(longest, b[s + 1] - b[s]);
-  const int64_t words = (longest + 63) / 64;
-  const int64_t tiles = (num_rows + tile_rows - 1) / tile_rows;
-  const int64_t padded = tiles * tile_rows;
-  const auto bounds = bounds_cpu.to(table.device());
+  const bool sorted = shape.sorted;
+  const int64_t splits = shape.splits, window = shape.window, words = shape.words, tiles = shape.tiles;
+  const int64_t padded = shape.padded;
+  const auto bounds = at::tensor(shape.bounds, table.options().dtype(at::kLong));
   auto order = at::full({sorted ? splits : 0, padded}, -1, table.options());
   auto tile_masks = at::zeros({splits, tiles, words}, table.options().dtype(at::kLong));
   if (num_rows == 0 || words == 0) return {bounds, order, tile_masks};
