@@ -1,4 +1,4 @@
-"""Command line: ``torchsparse-pp {demo,train,eval,info,synth}``."""
+"""Command line: ``torchsparse-pp {demo,train,eval,tune,info,synth}``."""
 import argparse
 import sys
 from typing import List, Optional
@@ -42,6 +42,12 @@ def _eval(args) -> int:
     return run_eval(args)
 
 
+def _tune(args) -> int:
+    from torchsparse_pp.tune.command import run_tune
+
+    return run_tune(args)
+
+
 def _synth(args) -> int:
     from torchsparse_pp.data.synth import write_synthetic
 
@@ -74,6 +80,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     evaluate = sub.add_parser("eval", help="evaluate a checkpoint on the config's val split")
     add_eval_arguments(evaluate)
     evaluate.set_defaults(func=_eval)
+    from torchsparse_pp.tune.command import add_tune_arguments
+
+    tune = sub.add_parser("tune", help="tune the dataflow of each kernel-map group of a config's model, write a "
+                                        "tuned file (docs/autotune.md)")
+    add_tune_arguments(tune)
+    tune.set_defaults(func=_tune)
     info = sub.add_parser("info", help="print versions and available kernels")
     info.set_defaults(func=_info)
     synth = sub.add_parser("synth", help="write a synthetic LiDAR dataset in a real on-disk format")

@@ -1,5 +1,6 @@
 """The ``train`` and ``eval`` commands (cli.py and tools/ call these)."""
 import argparse
+import json
 from typing import List, Optional
 
 __all__ = ["add_train_arguments", "add_eval_arguments", "run_train", "run_eval"]
@@ -8,13 +9,23 @@ __all__ = ["add_train_arguments", "add_eval_arguments", "run_train", "run_eval"]
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="YAML config (see configs/ and docs/training.md)")
     parser.add_argument("--resume", default=None, help="checkpoint to continue from (last.pt or step_N.pt)")
+    parser.add_argument("--tuned", default=None, help="tuned configs from `torchsparse-pp tune` (sets train.tuned)")
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.epochs=2 optim.lr=0.01")
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="YAML config the model was trained with")
     parser.add_argument("--checkpoint", required=True, help="checkpoint whose model to evaluate")
+    parser.add_argument("--tuned", default=None, help="tuned configs from `torchsparse-pp tune` (sets train.tuned)")
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. data.val_split=val")
+
+
+def _with_tuned(args) -> List[str]:
+    """The overrides, with ``--tuned FILE`` as train.tuned (quoted so YAML keeps it a string)."""
+    overrides = list(args.overrides)
+    if getattr(args, "tuned", None):
+        overrides.append("train.tuned=" + json.dumps(str(args.tuned)))
+    return overrides
 
 
 def run_train(args) -> int:
@@ -22,7 +33,7 @@ def run_train(args) -> int:
     from .distributed import cleanup
     from .loop import Trainer
 
-    config = load_config(args.config, args.overrides)
+    config = load_config(args.config, _with_tuned(args))
     try:
         trainer = Trainer(config, resume=args.resume)
         trainer.fit()
@@ -39,7 +50,7 @@ def run_eval(args) -> int:
     from .distributed import cleanup
     from .loop import Trainer, format_results
 
-    config = load_config(args.config, args.overrides)
+    config = load_config(args.config, _with_tuned(args))
     try:
         trainer = Trainer(config)
         state = load_checkpoint(args.checkpoint, map_location=trainer.device)

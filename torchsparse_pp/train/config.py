@@ -72,6 +72,7 @@ class TrainConfig:
     deterministic: bool = False            # torchsparse_pp.backends.deterministic
     threads: int = 0                       # torch threads per process (0: torch's default)
     conv_dataflow: Optional[str] = None    # default dataflow of every sparse conv (None: library default)
+    tuned: Optional[str] = None            # tuned configs file (`torchsparse-pp tune`), applied per layer
     run_dir: str = "runs/default"
     log_every: int = 10                    # steps between CSV/TensorBoard rows
     checkpoint_every: Optional[int] = None  # also save step_<N>.pt every N steps

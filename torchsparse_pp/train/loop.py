@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from .. import backends
 from ..nn.functional import ConvConfig, default_config
+from ..tune.configfile import apply as apply_tuned
 from .checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from .config import Config, config_to_dict, dump_config
 from .data import build_dataset, build_loader, class_names
@@ -69,6 +70,11 @@ class Trainer:
         if self.dist.world_size > 1:
             model = convert_sync_batchnorm(model)
         self.model = model.to(self.device)
+        if train.tuned:
+            tuned = apply_tuned(self.model, train.tuned)
+            if self.dist.is_main:
+                print(f"tuned configs from {train.tuned} on {len(tuned.layers)} sparse convs "
+                      f"({tuned.meta.get('mode')}, tuned on {tuned.meta['device']['name']})", flush=True)
         if self.dist.world_size > 1:
             broadcast_model(self.model)
         self.steps_per_epoch = len(self.train_loader)

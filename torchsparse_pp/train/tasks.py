@@ -25,8 +25,12 @@ class SegmentationTask:
     def build_model(self) -> torch.nn.Module:
         return MinkUNet(POINT_FEATURES[self.config.data.format], self.num_classes, self.config.model.cr)
 
+    def forward(self, model, batch, device) -> torch.Tensor:
+        """Per-voxel logits of a batch."""
+        return model(batch["lidar"].to(device))
+
     def loss(self, model, batch, device) -> Dict[str, torch.Tensor]:
-        logits = model(batch["lidar"].to(device))
+        logits = self.forward(model, batch, device)
         targets = torch.cat(batch["targets"]) if isinstance(batch["targets"], list) else batch["targets"].reshape(-1)
         loss = TF.cross_entropy(logits.float(), targets.to(device), ignore_index=IGNORE_INDEX)
         return {"loss": loss}
@@ -70,12 +74,13 @@ class DetectionTask:
     def build_model(self) -> torch.nn.Module:
         return CenterPoint(self.model_config)
 
-    def _forward(self, model, batch, device):
+    def forward(self, model, batch, device):
+        """Head outputs of a batch (voxelised on ``device``)."""
         voxels = voxelize([p.to(device) for p in batch["points"]], self.model_config)
         return model(voxels, len(batch["points"]))
 
     def loss(self, model, batch, device) -> Dict[str, torch.Tensor]:
-        outputs = self._forward(model, batch, device)
+        outputs = self.forward(model, batch, device)
         core = model.module if hasattr(model, "module") else model
         losses = core.loss(outputs, [b.to(device) for b in _per_sample(batch["boxes"])],
                            [b.to(device) for b in _per_sample(batch["box_labels"])])
@@ -87,7 +92,7 @@ class DetectionTask:
     @torch.no_grad()
     def eval_batch(self, model, batch, device) -> List[Dict[str, torch.Tensor]]:
         core = model.module if hasattr(model, "module") else model
-        preds = [{k: v.cpu() for k, v in p.items()} for p in core.predict(self._forward(model, batch, device))]
+        preds = [{k: v.cpu() for k, v in p.items()} for p in core.predict(self.forward(model, batch, device))]
         self.predictions += preds
         x_min, y_min, _, x_max, y_max, _ = self.model_config.point_cloud_range
         for boxes, labels in zip(_per_sample(batch["boxes"]), _per_sample(batch["box_labels"])):

@@ -21,7 +21,7 @@ if torch.ops.torchsparse_pp.cuda_built():
     IMPLEMENTED["cuda"] = CUDA_DATAFLOWS
 
 # Parameters each dataflow takes; the others must stay unset.
-_PARAMETERS = {
+PARAMETERS = {
     "gather_scatter": ("epsilon", "mm_thresh"),
     "fetch_on_demand": (),
     "implicit_gemm": ("sorted", "split_mask_num"),
@@ -52,7 +52,7 @@ class ConvConfig:
     def __post_init__(self):
         if self.dataflow not in DATAFLOWS:
             raise ValueError(f"unknown dataflow {self.dataflow!r}; expected one of {DATAFLOWS}")
-        allowed = _PARAMETERS[self.dataflow]
+        allowed = PARAMETERS[self.dataflow]
         for name in ("sorted", "split_mask_num", "epsilon", "mm_thresh"):
             if name not in allowed and getattr(self, name) is not None:
                 raise ValueError(f"{name} does not apply to the {self.dataflow} dataflow "

@@ -1,0 +1,118 @@
+"""The ``tune`` command: tune a model of a training config on a few batches of its data."""
+import argparse
+import contextlib
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+
+DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+__all__ = ["add_tune_arguments", "run_tune", "main"]
+
+
+def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
+    from .binding import BINDINGS, MODES
+    from .space import SPACES
+
+    parser.add_argument("--config", required=True, help="training YAML config: the model and its data (configs/)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--data", default=None, help="dataset root (default: the config's data.root)")
+    source.add_argument("--synthetic", action="store_true",
+                        help="tune on a freshly generated synthetic dataset in the config's data.format")
+    parser.add_argument("--samples", type=int, default=2, help="batches timed per trial (default 2)")
+    parser.add_argument("--mode", default="inference", choices=MODES)
+    parser.add_argument("--binding", default="workload", choices=BINDINGS,
+                        help="training: which passes share a config (default workload)")
+    parser.add_argument("--space", default="full", choices=SPACES,
+                        help="design space: full grid or one config per dataflow (default full)")
+    parser.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: the config's train.device")
+    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES),
+                        help="float32, or bfloat16 / float16 autocast as in train.amp (float16: CUDA only)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per trial, median taken (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed passes before each slot's trials (default 1)")
+    parser.add_argument("--min-gain", type=float, default=0.02,
+                        help="a group leaves its current config only for a choice this much faster (default 0.02)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: the config's train.threads)")
+    parser.add_argument("--out", required=True, help="tuned YAML file to write (e.g. configs/tuned/<model>_cpu.yaml)")
+    parser.add_argument("overrides", nargs="*", help="config overrides section.key=value")
+
+
+def _check(args) -> None:
+    for name in ("samples", "repeats"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise SystemExit(f"--warmup must be >= 0, got {args.warmup}")
+    if args.dtype == "float16" and (args.device or "cpu") != "cuda":
+        raise SystemExit("--dtype float16 needs --device cuda (the CPU kernels take float32, float64, bfloat16)")
+
+
+def _batches(config, samples: int):
+    """The first ``samples`` batches of the val split (batch size: train.batch_size for training
+    mode, so the timed work is a training step's)."""
+    from ..train.data import build_dataset, build_loader, class_names
+
+    dataset = build_dataset(config, train=False)
+    loader = build_loader(config, dataset, False, 1, 0)
+    batches = []
+    for batch in loader:
+        batches.append(batch)
+        if len(batches) == samples:
+            break
+    if len(batches) < samples:
+        raise SystemExit(f"the {config.data.val_split} split has only {len(batches)} batch(es); asked for "
+                         f"--samples {samples}")
+    return batches, class_names(config, dataset)
+
+
+def run_tune(args) -> int:
+    from ..data.synth import write_synthetic
+    from ..train.config import load_config
+    from ..train.tasks import build_task
+    from .tuner import tune
+
+    _check(args)
+    overrides = list(args.overrides)
+    if args.device:
+        overrides.append(f"train.device={args.device}")
+    with contextlib.ExitStack() as stack:
+        if args.synthetic:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tspp_tune_"))
+            probe = load_config(args.config, overrides)
+            per_split = args.samples * max(probe.data.batch_size, probe.data.val_batch_size)
+            write_synthetic(tmp, format=probe.data.format, scans=per_split, progress=False)
+            overrides.append(f"data.root={tmp}")
+        elif args.data:
+            overrides.append(f"data.root={args.data}")
+        config = load_config(args.config, overrides)
+        if args.mode == "training":
+            config.data = dataclasses.replace(config.data, val_batch_size=config.data.batch_size)
+        threads = args.threads or config.train.threads
+        if threads:
+            torch.set_num_threads(threads)
+        device = torch.device("cuda" if config.train.device == "cuda" else "cpu")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise SystemExit("--device cuda, but torch sees no CUDA device")
+        batches, names = _batches(config, args.samples)
+        task = build_task(config, names)
+        torch.manual_seed(config.train.seed)
+        model = task.build_model().to(device)
+        result = tune(model, batches, mode=args.mode, binding=args.binding, space=args.space,
+                      forward=lambda m, b: task.forward(m, b, device),
+                      loss=lambda m, b: task.loss(m, b, device)["loss"],
+                      repeats=args.repeats, warmup=args.warmup, min_gain=args.min_gain, autocast_dtype=DTYPES[args.dtype])
+    print(result.table())
+    path = Path(args.out)
+    result.save(path)
+    print(f"wrote {path}; use it with `torchsparse-pp train --config {args.config} --tuned {path}` "
+          "or torchsparse_pp.tune.apply(model, path)")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="tune", description="tune the dataflow of each kernel-map group")
+    add_tune_arguments(parser)
+    return run_tune(parser.parse_args(argv))

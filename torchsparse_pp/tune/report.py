@@ -1,0 +1,44 @@
+"""The table `torchsparse-pp tune` prints."""
+from .binding import PASSES
+from .space import config_name
+
+
+def _chosen(configs, mode: str) -> str:
+    if mode == "inference":
+        return config_name(configs.forward)
+    names = [config_name(getattr(configs, p)) for p in PASSES]
+    if len(set(names)) == 1:
+        return names[0]
+    return " | ".join(f"{p[0]}:{n}" for p, n in zip(PASSES, names))
+
+
+def format_table(result) -> str:
+    """Per group: its map, members, pairs, build time, chosen config, forward time of its layers
+    before and after, and the end-to-end time its slots saved in the search; then the totals."""
+    saved = {}
+    for s in result.search.slots:
+        if s.start_seconds is not None:
+            saved[s.group] = saved.get(s.group, 0.0) + s.start_seconds - s.seconds
+    rows = [("group", "map", "layers", "pairs", "build ms", "chosen", "fwd ms default->tuned", "e2e ms saved")]
+    for g in result.groups:
+        rows.append((g.name, g.describe(), str(len(g.layers)), f"{g.pairs:,}", f"{1e3 * g.build_seconds:.1f}",
+                     _chosen(result.assignment[g.name], result.mode),
+                     f"{1e3 * result.group_seconds_before[g.name]:.1f} -> {1e3 * result.group_seconds_after[g.name]:.1f}",
+                     f"{1e3 * saved.get(g.name, 0.0):.1f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    uniforms = {n: v for n, v in result.final.items() if n.startswith("uniform ")}
+    best_uniform = min(uniforms, key=lambda n: uniforms[n]["median_s"])
+    before, after = result.before_seconds, result.after_seconds
+    lines.append("")
+    lines.append(f"end to end ({result.mode}{', binding ' + result.binding if result.binding else ''}, "
+                 f"{result.samples} sample(s), {result.device_name}):")
+    width = max(len(name) for name in result.final)
+    for name, stats in sorted(result.final.items(), key=lambda kv: kv[1]["median_s"]):
+        mark = "  <- selected" if name == result.selected else ""
+        lines.append(f"  {name:<{width}} {1e3 * stats['median_s']:9.1f} ms  "
+                     f"[{1e3 * stats['min_s']:.1f}, {1e3 * stats['max_s']:.1f}]{mark}")
+    lines.append(f"default {1e3 * before:.1f} ms -> tuned {1e3 * after:.1f} ms ({before / after:.2f}x); best uniform "
+                 f"{best_uniform[len('uniform '):]} ({before / uniforms[best_uniform]['median_s']:.2f}x); "
+                 f"{len(result.search.trials)} trials in {result.tuning_seconds:.0f} s")
+    return "\n".join(lines)

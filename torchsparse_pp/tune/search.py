@@ -1,0 +1,97 @@
+"""Greedy group-by-group search on measured end-to-end latency (TorchSparse++'s autotuner).
+
+Group k's slots try every choice with groups before k at their tuned configs and groups after k
+at their starting configs; the fastest choice is kept. Trials: sum over groups and slots of the
+slot's choices, i.e. linear in groups x choices.
+"""
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Sequence
+
+from tqdm import tqdm
+
+from ..nn.functional.config import PassConfigs
+from .binding import Choice, choice_name, with_choice
+
+Assignment = Dict[str, PassConfigs]  # group name -> configs of its three passes
+Evaluate = Callable[[Assignment], float]  # seconds, end to end
+EvaluateMany = Callable[[Sequence[Assignment]], Sequence[float]]
+
+
+@dataclass
+class Trial:
+    group: str
+    slot: str
+    choice: str
+    seconds: float
+
+
+@dataclass
+class SlotResult:
+    group: str
+    slot: str
+    choice: str
+    seconds: float            # best end-to-end latency of the slot's trials
+    start_seconds: float      # the slot's trial with the config it started from (None if not tried)
+
+
+@dataclass
+class SearchResult:
+    assignment: Assignment
+    trials: List[Trial] = field(default_factory=list)
+    slots: List[SlotResult] = field(default_factory=list)
+
+    @property
+    def best_seconds(self) -> float:
+        return self.slots[-1].seconds if self.slots else float("nan")
+
+
+def greedy_search(start: Assignment, group_slots: Sequence[tuple], evaluate: EvaluateMany,
+                  min_gain: float = 0.0, progress: bool = True, desc: str = "tuning") -> SearchResult:
+    """``group_slots``: per group (in order) ``(group_name, [(slot_name, [choice, ...]), ...])``.
+
+    ``evaluate(assignments)`` returns the end-to-end seconds of each whole assignment (every
+    group); it gets a slot's candidates together so it can time them round-robin. Each candidate
+    is one trial. Ties keep the earlier choice. With ``min_gain`` > 0 a slot keeps its current
+    config unless the fastest choice beats it by more than that fraction (timing noise)."""
+    if not 0.0 <= min_gain < 1.0:
+        raise ValueError(f"min_gain must lie in [0, 1), got {min_gain}")
+    assignment = dict(start)
+    total = sum(len(choices) for _, slots in group_slots for _, choices in slots)
+    result = SearchResult(assignment)
+    bar = tqdm(total=total, desc=desc, unit="trial", disable=not progress, dynamic_ncols=True)
+    try:
+        for group, slots in group_slots:
+            for slot, choices in slots:
+                bar.set_description(f"{desc} {group} [{slot}]")
+                candidates = [with_choice(assignment[group], choice) for choice in choices]
+                seconds = [float(s) for s in evaluate([dict(assignment, **{group: c}) for c in candidates])]
+                if len(seconds) != len(candidates):
+                    raise RuntimeError(f"evaluate returned {len(seconds)} times for {len(candidates)} candidates")
+                names = [choice_name(choice) for choice in choices]
+                result.trials += [Trial(group, slot, n, t) for n, t in zip(names, seconds)]
+                best = min(range(len(candidates)), key=lambda i: (seconds[i], i))
+                current = next((i for i, c in enumerate(candidates) if c == assignment[group]), None)
+                start_seconds = None if current is None else seconds[current]
+                if current is not None and seconds[best] > (1.0 - min_gain) * start_seconds:
+                    best = current
+                assignment[group] = candidates[best]
+                result.slots.append(SlotResult(group, slot, names[best], seconds[best], start_seconds))
+                bar.update(len(candidates))
+                bar.set_postfix(best=f"{names[best][:32]} {1e3 * seconds[best]:.1f}ms")
+    finally:
+        bar.close()
+    result.assignment = assignment
+    return result
+
+
+def one_at_a_time(evaluate: Evaluate) -> EvaluateMany:
+    """Adapts a function of one assignment to greedy_search's batch interface."""
+    return lambda assignments: [evaluate(a) for a in assignments]
+
+
+def uniform(groups: Sequence[str], configs: PassConfigs) -> Assignment:
+    return {g: configs for g in groups}
+
+
+__all__ = ["Assignment", "Choice", "Evaluate", "EvaluateMany", "SearchResult", "SlotResult", "Trial", "greedy_search",
+           "one_at_a_time", "uniform"]

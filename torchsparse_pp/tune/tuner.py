@@ -1,0 +1,139 @@
+"""tune(): group discovery, the greedy search, a final check against every uniform config,
+and per-group measurements, on a model and a few sample inputs."""
+import copy
+import datetime
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..nn.functional.config import PassConfigs, get_default_config
+from .binding import BINDINGS, MODES, slots
+from .groups import ForwardFn, Group, conv_layers, discover_groups
+from .identity import device_name, model_device, structural_hash
+from .measure import EndToEndTimer, LossFn, fresh
+from .search import Assignment, SearchResult, greedy_search, uniform
+from .space import config_name, design_space
+
+
+@dataclass
+class TuneResult:
+    """What a tuning run found; ``save(path)`` writes it as a tuned file, ``apply(model)`` sets it."""
+    model_class: str
+    structural_hash: str
+    device_type: str
+    device_name: str
+    dtype: str
+    mode: str
+    binding: Optional[str]
+    space: str
+    samples: int
+    repeats: int
+    min_gain: float
+    groups: List[Group]
+    start: Assignment
+    assignment: Assignment
+    search: SearchResult
+    selected: str                             # name of the fastest final candidate ('greedy', ...)
+    final: Dict[str, Dict[str, float]]        # final check: candidate -> median/min/max seconds
+    group_seconds_before: Dict[str, float]    # forward seconds per group, default configs
+    group_seconds_after: Dict[str, float]     # forward seconds per group, tuned configs
+    tuning_seconds: float
+    date: str = field(default_factory=lambda: datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+
+    @property
+    def before_seconds(self) -> float:
+        return next(v["median_s"] for k, v in self.final.items() if "default" in k.split(" = "))
+
+    @property
+    def after_seconds(self) -> float:
+        return self.final[self.selected]["median_s"]
+
+    def layer_configs(self) -> Dict[str, PassConfigs]:
+        return {layer: self.assignment[g.name] for g in self.groups for layer in g.layer_names}
+
+    def apply(self, model: nn.Module) -> None:
+        layers = conv_layers(model)
+        for name, configs in self.layer_configs().items():
+            layers[name].config = configs
+
+    def save(self, path) -> None:
+        from .configfile import save_tuned
+        save_tuned(self, path)
+
+    def table(self) -> str:
+        from .report import format_table
+        return format_table(self)
+
+
+def _merge_equal(named: Sequence[Tuple[str, Assignment]], groups: Sequence[str]) -> Dict[str, Assignment]:
+    """Candidates of the final check, identical assignments timed once under a joined name
+    ('greedy = uniform fetch_on_demand')."""
+    merged: Dict[tuple, Tuple[List[str], Assignment]] = {}
+    for name, assignment in named:
+        key = tuple(assignment[g] for g in groups)
+        merged.setdefault(key, ([], assignment))[0].append(name)
+    return {" = ".join(labels): assignment for labels, assignment in merged.values()}
+
+
+def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", binding: Optional[str] = "workload",
+         space: str = "full", forward: Optional[ForwardFn] = None, loss: Optional[LossFn] = None,
+         repeats: int = 3, warmup: int = 1, min_gain: float = 0.02, final_rounds: Optional[int] = None,
+         autocast_dtype: Optional[torch.dtype] = None, progress: bool = True) -> TuneResult:
+    """Tunes the dataflow of every group of ``model`` on ``samples`` (inputs of
+    ``forward(model, sample)``, default ``model(sample)``) by measured end-to-end latency.
+
+    - ``mode``: 'inference' (forward under no_grad) or 'training' (forward + backward of
+      ``loss(model, sample)``, default: mean of squared outputs), with ``binding`` 'workload',
+      'mapping' or 'none' (see tune.binding);
+    - ``space``: 'full' or 'compact' (one config per dataflow), limited to the device's dataflows;
+    - every trial is the median of ``repeats`` passes over all samples after ``warmup`` passes;
+      a slot's choices are timed round-robin, and the slot keeps its current config unless a
+      choice is more than ``min_gain`` faster (below that, timing noise would decide);
+    - afterwards the greedy result, the default and every uniform config are timed round-robin
+      (``final_rounds``, default max(repeats, 3)) and the fastest is selected.
+
+    The model's weights, buffers and layer configs are restored afterwards; apply the result with
+    ``result.apply(model)`` or save it with ``result.save(path)``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "training" and binding not in BINDINGS:
+        raise ValueError(f"binding must be one of {BINDINGS} for training, got {binding!r}")
+    if not samples:
+        raise ValueError("tune needs at least one sample")
+    binding = binding if mode == "training" else None
+    started = time.perf_counter()
+    device = model_device(model)
+    choices = design_space(device.type, space)
+    layers = conv_layers(model)
+    saved_configs = {name: conv.config for name, conv in layers.items()}
+    saved_state = copy.deepcopy(model.state_dict())
+    try:
+        groups = discover_groups(model, fresh(samples[0]), forward)
+        timer = EndToEndTimer(model, samples, groups, mode, forward, loss, repeats, warmup, autocast_dtype)
+        names = [g.name for g in groups]
+        start = uniform(names, get_default_config())
+        per_group = [(g.name, slots(mode, binding, choices)) for g in groups]
+        search = greedy_search(start, per_group, timer, min_gain, progress=progress, desc=f"tuning ({mode})")
+
+        named = [("default", start), ("greedy", search.assignment)]
+        named += [(f"uniform {config_name(c)}", uniform(names, PassConfigs.of(c))) for c in choices]
+        candidates = _merge_equal(named, names)
+        final_timer = EndToEndTimer(model, samples, groups, mode, forward, loss, final_rounds or max(repeats, 3),
+                                    1, autocast_dtype)
+        final = dict(zip(candidates, final_timer.measure_all(list(candidates.values()))))
+        selected = min(final, key=lambda n: (final[n]["median_s"], "default" in n.split(" = ")))
+        assignment = candidates[selected]
+        before = timer.group_forward_seconds(start)
+        after = timer.group_forward_seconds(assignment)
+    finally:
+        for name, conv in layers.items():
+            conv.config = saved_configs[name]
+        model.load_state_dict(saved_state)
+    dtype = autocast_dtype or next(p.dtype for p in model.parameters())
+    return TuneResult(type(model).__name__, structural_hash(model), device.type, device_name(device),
+                      str(dtype).replace("torch.", ""), mode, binding, space, len(samples), repeats, min_gain, groups,
+                      start, assignment, search, selected, final, before, after, time.perf_counter() - started)
