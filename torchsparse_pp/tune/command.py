@@ -33,8 +33,10 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                         help="float32, or bfloat16 / float16 autocast as in train.amp (float16: CUDA only)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per trial, median taken (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes before each slot's trials (default 1)")
-    parser.add_argument("--min-gain", type=float, default=0.02,
-                        help="a group leaves its current config only for a choice this much faster (default 0.02)")
+    parser.add_argument("--start", default="best_uniform", choices=("best_uniform", "default"),
+                        help="configs the groups hold before their turn (default: the fastest uniform config)")
+    parser.add_argument("--min-gain", type=float, default=0.05,
+                        help="a group leaves its current config only for a choice this much faster (default 0.05)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: the config's train.threads)")
     parser.add_argument("--out", required=True, help="tuned YAML file to write (e.g. configs/tuned/<model>_cpu.yaml)")
     parser.add_argument("overrides", nargs="*", help="config overrides section.key=value")
@@ -70,6 +72,7 @@ def _batches(config, samples: int):
 
 def run_tune(args) -> int:
     from ..data.synth import write_synthetic
+    from ..nn.functional import ConvConfig, default_config
     from ..train.config import load_config
     from ..train.tasks import build_task
     from .tuner import tune
@@ -100,7 +103,9 @@ def run_tune(args) -> int:
         task = build_task(config, names)
         torch.manual_seed(config.train.seed)
         model = task.build_model().to(device)
-        result = tune(model, batches, mode=args.mode, binding=args.binding, space=args.space,
+        if config.train.conv_dataflow:  # "default" is what training with this config runs
+            stack.enter_context(default_config(ConvConfig(config.train.conv_dataflow)))
+        result = tune(model, batches, mode=args.mode, binding=args.binding, space=args.space, start=args.start,
                       forward=lambda m, b: task.forward(m, b, device),
                       loss=lambda m, b: task.loss(m, b, device)["loss"],
                       repeats=args.repeats, warmup=args.warmup, min_gain=args.min_gain, autocast_dtype=DTYPES[args.dtype])

@@ -5,11 +5,12 @@
              samples, date, latencies before and after, the final check, the search per slot
     groups:  g0: {key: ..., pairs: ..., forward: {dataflow: ...}, dgrad: ..., wgrad: ...}
     layers:  module name -> group
+    unreached_layers: convs the tuning sample never reached (their configs are left alone)
 """
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Union
+from typing import Any, Dict, List, Union
 
 import torch
 import yaml
@@ -36,6 +37,7 @@ class TunedFile:
     group_configs: Dict[str, PassConfigs]
     layers: Dict[str, str]      # module name -> group name
     raw: Dict[str, Any]
+    unreached: List[str] = field(default_factory=list)  # convs tuning never reached (left as they are)
 
     def layer_configs(self) -> Dict[str, PassConfigs]:
         return {layer: self.group_configs[group] for layer, group in self.layers.items()}
@@ -52,7 +54,7 @@ def tuned_to_dict(result) -> Dict[str, Any]:
         "library": __version__, "torch": str(torch.__version__),
         "device": {"type": result.device_type, "name": result.device_name},
         "dtype": result.dtype, "mode": result.mode, "binding": result.binding, "space": result.space,
-        "samples": result.samples, "repeats": result.repeats, "min_gain": result.min_gain, "date": result.date,
+        "samples": result.samples, "repeats": result.repeats, "min_gain": result.min_gain, "start": result.start, "date": result.date,
         "selected": result.selected,
         "latency_before_s": _round(result.before_seconds), "latency_after_s": _round(result.after_seconds),
         "speedup": _round(result.before_seconds / result.after_seconds),
@@ -73,7 +75,8 @@ def tuned_to_dict(result) -> Dict[str, Any]:
         entry.update({p: config_to_dict(getattr(configs, p)) for p in PASSES})
         groups[g.name] = entry
     layers = {layer: g.name for g in result.groups for layer in g.layer_names}
-    return {FORMAT_KEY: FORMAT_VERSION, "meta": meta, "groups": groups, "layers": layers}
+    return {FORMAT_KEY: FORMAT_VERSION, "meta": meta, "groups": groups, "layers": layers,
+            "unreached_layers": list(result.unreached)}
 
 
 def save_tuned(result, path: PathLike) -> Path:
@@ -124,9 +127,12 @@ def load_tuned(path: PathLike) -> TunedFile:
             raise TunedFileError(str(err)) from err
     layers = _need(doc, "layers", str(path))
     for layer, group in layers.items():
-        if group not in group_configs:
+        if not isinstance(group, str) or group not in group_configs:
             raise TunedFileError(f"{path}: layer {layer!r} names group {group!r}, which the file does not define")
-    return TunedFile(meta, group_configs, {str(k): str(v) for k, v in layers.items()}, doc)
+    unreached = doc.get("unreached_layers") or []
+    if not isinstance(unreached, list) or not all(isinstance(x, str) for x in unreached):
+        raise TunedFileError(f"{path}: 'unreached_layers' must be a list of module names")
+    return TunedFile(meta, group_configs, {str(k): str(v) for k, v in layers.items()}, doc, unreached)
 
 
 def _mismatch(message: str, strict: bool) -> None:
@@ -162,6 +168,10 @@ def apply(model: nn.Module, tuned: Union[PathLike, TunedFile], strict: bool = Tr
     if missing:
         _mismatch(f"the model has no sparse conv (with a kernel map) named {missing[:5]}"
                   f"{' ...' if len(missing) > 5 else ''}", strict)
+    untuned = [layer for layer in layers if layer not in tuned.layers and layer not in tuned.unreached]
+    if untuned:
+        _mismatch(f"the tuned file has no config for the model's sparse convs {untuned[:5]}"
+                  f"{' ...' if len(untuned) > 5 else ''}", strict)
     for layer, configs in tuned.layer_configs().items():
         if layer in layers:
             layers[layer].config = configs

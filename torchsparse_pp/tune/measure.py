@@ -104,11 +104,13 @@ class EndToEndTimer:
 
     def measure_runs(self, assignments: Sequence[Assignment]) -> List[List[float]]:
         """Seconds of every timed round of each assignment, timed round-robin (one pass each per
-        round, ``warmup`` rounds first) so drifting load hits all alike."""
+        round, ``warmup`` rounds first, the order rotated each round) so drifting load and the
+        state one run leaves to the next hit all alike."""
         times: List[List[float]] = [[] for _ in assignments]
+        n = len(assignments)
         for i in range(self.warmup + self.repeats):
-            for k, assignment in enumerate(assignments):
-                self.set_configs(assignment)
+            for k in [(i + j) % n for j in range(n)]:  # rotated per round: no fixed position effects
+                self.set_configs(assignments[k])
                 seconds = self.run_once()
                 if i >= self.warmup:
                     times[k].append(seconds)

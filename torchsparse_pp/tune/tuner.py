@@ -33,7 +33,8 @@ class TuneResult:
     repeats: int
     min_gain: float
     groups: List[Group]
-    start: Assignment
+    start: str                                # 'best_uniform' or 'default'
+    default: Assignment
     assignment: Assignment
     search: SearchResult
     selected: str                             # name of the fastest final candidate ('greedy', ...)
@@ -41,6 +42,7 @@ class TuneResult:
     group_seconds_before: Dict[str, float]    # forward seconds per group, default configs
     group_seconds_after: Dict[str, float]     # forward seconds per group, tuned configs
     tuning_seconds: float
+    unreached: List[str] = field(default_factory=list)  # convs the sample did not reach (not tuned)
     date: str = field(default_factory=lambda: datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
 
     @property
@@ -68,6 +70,9 @@ class TuneResult:
         return format_table(self)
 
 
+STARTS = ("best_uniform", "default")
+
+
 def _merge_equal(named: Sequence[Tuple[str, Assignment]], groups: Sequence[str]) -> Dict[str, Assignment]:
     """Candidates of the final check, identical assignments timed once under a joined name
     ('greedy = uniform fetch_on_demand')."""
@@ -80,7 +85,8 @@ def _merge_equal(named: Sequence[Tuple[str, Assignment]], groups: Sequence[str])
 
 def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", binding: Optional[str] = "workload",
          space: str = "full", forward: Optional[ForwardFn] = None, loss: Optional[LossFn] = None,
-         repeats: int = 3, warmup: int = 1, min_gain: float = 0.02, final_rounds: Optional[int] = None,
+         start: str = "best_uniform", repeats: int = 3, warmup: int = 1, min_gain: float = 0.05,
+         final_rounds: Optional[int] = None,
          autocast_dtype: Optional[torch.dtype] = None, progress: bool = True) -> TuneResult:
     """Tunes the dataflow of every group of ``model`` on ``samples`` (inputs of
     ``forward(model, sample)``, default ``model(sample)``) by measured end-to-end latency.
@@ -89,13 +95,18 @@ def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", bind
       ``loss(model, sample)``, default: mean of squared outputs), with ``binding`` 'workload',
       'mapping' or 'none' (see tune.binding);
     - ``space``: 'full' or 'compact' (one config per dataflow), limited to the device's dataflows;
+    - ``start``: the configs groups hold before their turn. 'best_uniform' (default) first times
+      every config of the space on all groups at once (|space| more trials) and starts from the
+      fastest, so the search only departs from it where a group gains more than ``min_gain``;
+      'default' starts from the library default, as in TorchSparse++;
     - every trial is the median of ``repeats`` passes over all samples after ``warmup`` passes;
       a slot's choices are timed round-robin, and the slot keeps its current config unless a
       choice is more than ``min_gain`` faster (below that, timing noise would decide);
     - afterwards the greedy result, the default and every uniform config are timed round-robin
       (``final_rounds``, default max(repeats, 3)) and the fastest is selected.
 
-    The model's weights, buffers and layer configs are restored afterwards; apply the result with
+    The model's weights, buffers, gradients, train/eval mode and layer configs are restored
+    afterwards. "default" is the global default config (``set_default_config``); apply the result with
     ``result.apply(model)`` or save it with ``result.save(path)``.
     """
     if mode not in MODES:
@@ -104,6 +115,8 @@ def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", bind
         raise ValueError(f"binding must be one of {BINDINGS} for training, got {binding!r}")
     if not samples:
         raise ValueError("tune needs at least one sample")
+    if start not in STARTS:
+        raise ValueError(f"start must be one of {STARTS}, got {start!r}")
     binding = binding if mode == "training" else None
     started = time.perf_counter()
     device = model_device(model)
@@ -111,29 +124,44 @@ def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", bind
     layers = conv_layers(model)
     saved_configs = {name: conv.config for name, conv in layers.items()}
     saved_state = copy.deepcopy(model.state_dict())
+    saved_grads = {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
+    was_training = model.training
     try:
         groups = discover_groups(model, fresh(samples[0]), forward)
         timer = EndToEndTimer(model, samples, groups, mode, forward, loss, repeats, warmup, autocast_dtype)
         names = [g.name for g in groups]
-        start = uniform(names, get_default_config())
+        default = uniform(names, get_default_config())
+        uniforms = [uniform(names, PassConfigs.of(c)) for c in choices]
+        if start == "best_uniform":
+            seconds = timer(uniforms)
+            start_assignment = uniforms[min(range(len(uniforms)), key=seconds.__getitem__)]
+        else:
+            start_assignment = default
         per_group = [(g.name, slots(mode, binding, choices)) for g in groups]
-        search = greedy_search(start, per_group, timer, min_gain, progress=progress, desc=f"tuning ({mode})")
+        search = greedy_search(start_assignment, per_group, timer, min_gain, progress=progress,
+                               desc=f"tuning ({mode})")
 
-        named = [("default", start), ("greedy", search.assignment)]
-        named += [(f"uniform {config_name(c)}", uniform(names, PassConfigs.of(c))) for c in choices]
+        named = [("default", default), ("greedy", search.assignment)]
+        named += [(f"uniform {config_name(c)}", u) for c, u in zip(choices, uniforms)]
         candidates = _merge_equal(named, names)
         final_timer = EndToEndTimer(model, samples, groups, mode, forward, loss, final_rounds or max(repeats, 3),
                                     1, autocast_dtype)
         final = dict(zip(candidates, final_timer.measure_all(list(candidates.values()))))
         selected = min(final, key=lambda n: (final[n]["median_s"], "default" in n.split(" = ")))
         assignment = candidates[selected]
-        before = timer.group_forward_seconds(start)
+        before = timer.group_forward_seconds(default)
         after = timer.group_forward_seconds(assignment)
     finally:
         for name, conv in layers.items():
             conv.config = saved_configs[name]
         model.load_state_dict(saved_state)
+        for name, p in model.named_parameters():
+            p.grad = saved_grads[name]
+        model.train(was_training)
+    grouped = {layer for g in groups for layer in g.layer_names}
+    unreached = [name for name in layers if name not in grouped]
     dtype = autocast_dtype or next(p.dtype for p in model.parameters())
     return TuneResult(type(model).__name__, structural_hash(model), device.type, device_name(device),
                       str(dtype).replace("torch.", ""), mode, binding, space, len(samples), repeats, min_gain, groups,
-                      start, assignment, search, selected, final, before, after, time.perf_counter() - started)
+                      start, default, assignment, search, selected, final, before, after, time.perf_counter() - started,
+                      unreached)
