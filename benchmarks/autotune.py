@@ -73,7 +73,7 @@ def centerpoint(crop: float):
 
 
 def run_case(name: str, model, sample, loss, mode: str, args, device: str) -> Dict[str, object]:
-    result = tune(model, [sample], mode=mode, binding=args.binding, repeats=args.repeats, warmup=args.warmup,
+    result = tune(model, [sample], mode=mode, binding=args.binding if mode == "training" else None, repeats=args.repeats, warmup=args.warmup,
                   final_rounds=args.final_rounds, loss=loss, progress=not args.no_progress)
     print(result.table(), flush=True)
     path = os.path.join(ROOT, "configs", "tuned", f"{name}_{mode}_{device}.yaml")

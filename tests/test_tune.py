@@ -405,6 +405,13 @@ def test_greedy_search_min_gain():
     assert run(clear, 0.1).assignment["g0"].forward == space[2]
     kept = run(slight, 0.1)
     assert kept.slots[0].start_seconds == 1.0 and kept.slots[0].seconds == 1.0
+    # A gain larger than the group's own time is noise: max_gain_seconds caps what is believed.
+    capped = greedy_search(start, per_group, CountingEvaluate(lambda a: clear[space.index(a["g0"].forward)]),
+                           min_gain=0.1, max_gain_seconds={"g0": 0.1}, progress=False)
+    assert capped.assignment["g0"] == DEFAULT
+    believed = greedy_search(start, per_group, CountingEvaluate(lambda a: clear[space.index(a["g0"].forward)]),
+                             min_gain=0.1, max_gain_seconds={"g0": 0.25}, progress=False)
+    assert believed.assignment["g0"].forward == space[2]
     with pytest.raises(ValueError, match="min_gain"):
         run(slight, 1.0)
     with pytest.raises(ValueError, match="min_gain"):
@@ -583,6 +590,10 @@ def test_tune_rejects_bad_arguments():
         tune(model, [x], mode="serving", progress=False)
     with pytest.raises(ValueError, match="binding"):
         tune(model, [x], mode="training", binding="loose", progress=False)
+    with pytest.raises(ValueError, match="binding"):
+        tune(model, [x], mode="inference", binding="workload", progress=False)
+    with pytest.raises(ValueError, match="start"):
+        tune(model, [x], start="random", progress=False)
     with pytest.raises(ValueError, match="sample"):
         tune(model, [], progress=False)
     with pytest.raises(ValueError, match="repeats"):

@@ -24,8 +24,8 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tune on a freshly generated synthetic dataset in the config's data.format")
     parser.add_argument("--samples", type=int, default=2, help="batches timed per trial (default 2)")
     parser.add_argument("--mode", default="inference", choices=MODES)
-    parser.add_argument("--binding", default="workload", choices=BINDINGS,
-                        help="training: which passes share a config (default workload)")
+    parser.add_argument("--binding", default=None, choices=BINDINGS,
+                        help="--mode training only: which passes share a config (default workload)")
     parser.add_argument("--space", default="full", choices=SPACES,
                         help="design space: full grid or one config per dataflow (default full)")
     parser.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: the config's train.device")
@@ -48,6 +48,8 @@ def _check(args) -> None:
             raise SystemExit(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
         raise SystemExit(f"--warmup must be >= 0, got {args.warmup}")
+    if args.binding and args.mode != "training":
+        raise SystemExit("--binding applies to --mode training only")
     if args.dtype == "float16" and (args.device or "cpu") != "cuda":
         raise SystemExit("--dtype float16 needs --device cuda (the CPU kernels take float32, float64, bfloat16)")
 

@@ -27,7 +27,8 @@ def format_table(result) -> str:
                      f"{1e3 * saved.get(g.name, 0.0):.1f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    uniforms = {n: v for n, v in result.final.items() if n.startswith("uniform ")}
+    uniforms = {label[len("uniform "):]: v for n, v in result.final.items() for label in n.split(" = ")
+                if label.startswith("uniform ")}
     best_uniform = min(uniforms, key=lambda n: uniforms[n]["median_s"])
     before, after = result.before_seconds, result.after_seconds
     lines.append("")
@@ -39,6 +40,6 @@ def format_table(result) -> str:
         lines.append(f"  {name:<{width}} {1e3 * stats['median_s']:9.1f} ms  "
                      f"[{1e3 * stats['min_s']:.1f}, {1e3 * stats['max_s']:.1f}]{mark}")
     lines.append(f"default {1e3 * before:.1f} ms -> tuned {1e3 * after:.1f} ms ({before / after:.2f}x); best uniform "
-                 f"{best_uniform[len('uniform '):]} ({before / uniforms[best_uniform]['median_s']:.2f}x); "
+                 f"{best_uniform} ({before / uniforms[best_uniform]['median_s']:.2f}x); "
                  f"{len(result.search.trials)} trials in {result.tuning_seconds:.0f} s")
     return "\n".join(lines)

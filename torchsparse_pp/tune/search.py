@@ -5,7 +5,7 @@ at their starting configs; the fastest choice is kept. Trials: sum over groups a
 slot's choices, i.e. linear in groups x choices.
 """
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from tqdm import tqdm
 
@@ -46,13 +46,16 @@ class SearchResult:
 
 
 def greedy_search(start: Assignment, group_slots: Sequence[tuple], evaluate: EvaluateMany,
-                  min_gain: float = 0.0, progress: bool = True, desc: str = "tuning") -> SearchResult:
+                  min_gain: float = 0.0, max_gain_seconds: Optional[Dict[str, float]] = None,
+                  progress: bool = True, desc: str = "tuning") -> SearchResult:
     """``group_slots``: per group (in order) ``(group_name, [(slot_name, [choice, ...]), ...])``.
 
     ``evaluate(assignments)`` returns the end-to-end seconds of each whole assignment (every
     group); it gets a slot's candidates together so it can time them round-robin. Each candidate
-    is one trial. Ties keep the earlier choice. With ``min_gain`` > 0 a slot keeps its current
-    config unless the fastest choice beats it by more than that fraction (timing noise)."""
+    is one trial. Ties keep the earlier choice. A slot keeps its current config unless the
+    fastest choice beats it by more than ``min_gain`` (a fraction of the current end-to-end
+    time) and, when ``max_gain_seconds[group]`` is given, by no more than those seconds (a group
+    cannot save more time than it takes: a larger gain is timing noise)."""
     if not 0.0 <= min_gain < 1.0:
         raise ValueError(f"min_gain must lie in [0, 1), got {min_gain}")
     assignment = dict(start)
@@ -72,8 +75,11 @@ def greedy_search(start: Assignment, group_slots: Sequence[tuple], evaluate: Eva
                 best = min(range(len(candidates)), key=lambda i: (seconds[i], i))
                 current = next((i for i, c in enumerate(candidates) if c == assignment[group]), None)
                 start_seconds = None if current is None else seconds[current]
-                if current is not None and seconds[best] > (1.0 - min_gain) * start_seconds:
-                    best = current
+                if current is not None:
+                    gain = start_seconds - seconds[best]
+                    cap = (max_gain_seconds or {}).get(group, float("inf"))
+                    if gain <= min_gain * start_seconds or gain > cap:
+                        best = current
                 assignment[group] = candidates[best]
                 result.slots.append(SlotResult(group, slot, names[best], seconds[best], start_seconds))
                 bar.update(len(candidates))

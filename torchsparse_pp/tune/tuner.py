@@ -83,7 +83,7 @@ def _merge_equal(named: Sequence[Tuple[str, Assignment]], groups: Sequence[str])
     return {" = ".join(labels): assignment for labels, assignment in merged.values()}
 
 
-def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", binding: Optional[str] = "workload",
+def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", binding: Optional[str] = None,
          space: str = "full", forward: Optional[ForwardFn] = None, loss: Optional[LossFn] = None,
          start: str = "best_uniform", repeats: int = 3, warmup: int = 1, min_gain: float = 0.05,
          final_rounds: Optional[int] = None,
@@ -92,16 +92,18 @@ def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", bind
     ``forward(model, sample)``, default ``model(sample)``) by measured end-to-end latency.
 
     - ``mode``: 'inference' (forward under no_grad) or 'training' (forward + backward of
-      ``loss(model, sample)``, default: mean of squared outputs), with ``binding`` 'workload',
-      'mapping' or 'none' (see tune.binding);
+      ``loss(model, sample)``, default: mean of squared outputs), with ``binding`` 'workload'
+      (the default), 'mapping' or 'none' (see tune.binding); inference takes no binding;
     - ``space``: 'full' or 'compact' (one config per dataflow), limited to the device's dataflows;
     - ``start``: the configs groups hold before their turn. 'best_uniform' (default) first times
-      every config of the space on all groups at once (|space| more trials) and starts from the
+      every config of the space on all groups at once (|space| more trials, ``final_rounds``
+      rounds) and starts from the
       fastest, so the search only departs from it where a group gains more than ``min_gain``;
       'default' starts from the library default, as in TorchSparse++;
     - every trial is the median of ``repeats`` passes over all samples after ``warmup`` passes;
       a slot's choices are timed round-robin, and the slot keeps its current config unless a
-      choice is more than ``min_gain`` faster (below that, timing noise would decide);
+      choice is more than ``min_gain`` faster (below that, timing noise would decide) and gains
+      no more than the group's own time (forward time of its layers, x3 in training);
     - afterwards the greedy result, the default and every uniform config are timed round-robin
       (``final_rounds``, default max(repeats, 3)) and the fastest is selected.
 
@@ -111,13 +113,16 @@ def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", bind
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if mode == "training" and binding not in BINDINGS:
-        raise ValueError(f"binding must be one of {BINDINGS} for training, got {binding!r}")
+    if mode == "training":
+        binding = binding or "workload"
+        if binding not in BINDINGS:
+            raise ValueError(f"binding must be one of {BINDINGS} for training, got {binding!r}")
+    elif binding is not None:
+        raise ValueError(f"binding={binding!r} applies to mode='training' only (inference tunes the forward pass)")
     if not samples:
         raise ValueError("tune needs at least one sample")
     if start not in STARTS:
         raise ValueError(f"start must be one of {STARTS}, got {start!r}")
-    binding = binding if mode == "training" else None
     started = time.perf_counter()
     device = model_device(model)
     choices = design_space(device.type, space)
@@ -132,21 +137,26 @@ def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", bind
         names = [g.name for g in groups]
         default = uniform(names, get_default_config())
         uniforms = [uniform(names, PassConfigs.of(c)) for c in choices]
+        # The start and the final check decide most of the outcome: they get more rounds.
+        careful = EndToEndTimer(model, samples, groups, mode, forward, loss, final_rounds or max(repeats, 3), 1,
+                                autocast_dtype)
         if start == "best_uniform":
-            seconds = timer(uniforms)
+            seconds = careful(uniforms)
             start_assignment = uniforms[min(range(len(uniforms)), key=seconds.__getitem__)]
         else:
             start_assignment = default
         per_group = [(g.name, slots(mode, binding, choices)) for g in groups]
-        search = greedy_search(start_assignment, per_group, timer, min_gain, progress=progress,
+        # What a group can save at most: its own time (training: forward, dgrad and wgrad, about
+        # three times its forward).
+        share = timer.group_forward_seconds(start_assignment)
+        max_gain = {g: (3.0 if mode == "training" else 1.0) * t for g, t in share.items()}
+        search = greedy_search(start_assignment, per_group, timer, min_gain, max_gain, progress=progress,
                                desc=f"tuning ({mode})")
 
         named = [("default", default), ("greedy", search.assignment)]
         named += [(f"uniform {config_name(c)}", u) for c, u in zip(choices, uniforms)]
         candidates = _merge_equal(named, names)
-        final_timer = EndToEndTimer(model, samples, groups, mode, forward, loss, final_rounds or max(repeats, 3),
-                                    1, autocast_dtype)
-        final = dict(zip(candidates, final_timer.measure_all(list(candidates.values()))))
+        final = dict(zip(candidates, careful.measure_all(list(candidates.values()))))
         selected = min(final, key=lambda n: (final[n]["median_s"], "default" in n.split(" = ")))
         assignment = candidates[selected]
         before = timer.group_forward_seconds(default)
