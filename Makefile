@@ -8,7 +8,7 @@ export PYTHON
 BUILD_INPUTS := setup.py pyproject.toml scripts/setup.sh $(shell find csrc -type f 2>/dev/null)
 SETUP_STAMP := build/.setup-stamp
 
-.PHONY: setup demo test bench cuda-check kernels clean
+.PHONY: setup demo test bench bench-autotune cuda-check kernels clean
 
 $(SETUP_STAMP): $(BUILD_INPUTS)
 	bash scripts/setup.sh
@@ -32,6 +32,11 @@ bench: $(SETUP_STAMP)
 	EXTRAS=bench bash scripts/setup.sh
 	$(PYTHON) benchmarks/conv_cpu.py
 	$(PYTHON) benchmarks/deterministic_cpu.py
+
+# Sparse Autotuner end to end (about 25 min on 2 cores); rewrites configs/tuned/*_cpu.yaml
+bench-autotune: $(SETUP_STAMP)
+	EXTRAS=bench bash scripts/setup.sh
+	$(PYTHON) benchmarks/autotune.py --bindings-study
 
 clean:
 	rm -rf build torchsparse_pp/_C*.so

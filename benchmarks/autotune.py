@@ -4,22 +4,22 @@ training step (forward + backward), on generated 64-beam scans.
 
 Workloads (float32, batch 1, torch's thread count unless --threads):
 - MinkUNet(4, 19, cr=0.5) on the generated 64-beam scan (seed 0) voxelised at --minkunet-voxel
-  metres (default 0.2), features N(0, 1); spatial range rounded up to a multiple of 16.
+  metres (default 0.25), features N(0, 1); spatial range rounded up to a multiple of 16.
   Training loss: cross entropy on random labels.
-- VoxelResBackBone8x(5) on the same scan cropped to |x|, |y| < --crop metres (default 30),
-  voxelised by CenterPoint's mean VFE on the Waymo-like grid (CenterPointConfig.waymo()); the fifth point feature drawn from U[0, 1). Training loss:
-  mean of squared outputs.
+- VoxelResBackBone8x(5) on the same scan cropped to |x|, |y| < --crop metres (default 20),
+  voxelised by CenterPoint's mean VFE on the Waymo-like grid (CenterPointConfig.waymo()); the
+  fifth point feature drawn from U[0, 1). Training loss: mean of squared outputs.
 
-Per (model, mode): torchsparse_pp.tune.tune() (greedy per group, --repeats timed passes per
-trial (default 2) after --warmup (1), the slot's choices round-robin, min_gain 5 %, starting from the
-fastest uniform config), then its final check: the
-default config (ConvConfig(): gather_scatter), every design-space config applied uniformly, and
-the tuned (greedy) assignment, all timed round-robin for --final-rounds rounds in one run, each
-timed pass on fresh tensors (kernel maps built inside). Reported: median and [min, max] per
-contender, speedup vs default, tuned vs the best uniform config. Training mode uses
---binding (default workload).
+Per (model, mode): torchsparse_pp.tune.tune(): every config timed uniformly, the fastest as the
+start, then greedy per group (--repeats timed passes per trial, default 2, after --warmup 1; a
+slot's choices round-robin; min_gain 5 %; a group's gain capped at its own time), then the final
+check: the default config (ConvConfig(): gather_scatter), every design-space config applied
+uniformly and the greedy assignment, timed round-robin for --final-rounds rounds (default 5) in
+one run, each timed pass on fresh tensors (kernel maps built inside). Reported: median and
+[min, max] per contender, speedup vs default, tuned vs the best uniform config. Training mode
+uses --binding (default workload).
 
---bindings-study: on a small MinkUNet workload (--study-voxel, default 0.3 m) tunes the training
+--bindings-study: on a small MinkUNet workload (--study-voxel, default 0.5 m) tunes the training
 step with each binding (workload, mapping, none) on the compact space (one config per dataflow;
 none tries 4^3 triples per group) and reports trials, tuning time and the final latency of each.
 
@@ -148,13 +148,13 @@ def main() -> int:
     parser.add_argument("--models", default="minkunet0.5,centerpoint")
     parser.add_argument("--modes", default="inference,training")
     parser.add_argument("--binding", default="workload", choices=("workload", "mapping", "none"))
-    parser.add_argument("--minkunet-voxel", type=float, default=0.2)
-    parser.add_argument("--crop", type=float, default=30.0, help="CenterPoint: keep points with |x|, |y| < crop m")
-    parser.add_argument("--study-voxel", type=float, default=0.3)
+    parser.add_argument("--minkunet-voxel", type=float, default=0.25)
+    parser.add_argument("--crop", type=float, default=20.0, help="CenterPoint: keep points with |x|, |y| < crop m")
+    parser.add_argument("--study-voxel", type=float, default=0.5)
     parser.add_argument("--bindings-study", action="store_true")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--final-rounds", type=int, default=7)
+    parser.add_argument("--final-rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "autotune_cpu"))

@@ -95,14 +95,8 @@ def interleaved_times(tasks: Dict[str, Tuple[Callable, Optional[Callable[[], obj
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    from torchsparse_pp.tune.identity import device_name
+    return device_name(torch.device("cpu"))
 
 
 def git_revision(root: str) -> Optional[str]:
