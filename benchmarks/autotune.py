@@ -23,8 +23,11 @@ uses --binding (default workload).
 step with each binding (workload, mapping, none) on the compact space (one config per dataflow;
 none tries 4^3 triples per group) and reports trials, tuning time and the final latency of each.
 
+--device cuda runs the same on a GPU (the design space then has gather_scatter and
+implicit_gemm; the timer synchronises): written, not yet run (no GPU so far).
+
 Writes benchmarks/results/autotune_<device>.json and .png, and the tuned files to
-configs/tuned/<model>_<mode>_<device>.yaml.
+configs/tuned/<model>_<mode>_<device>.yaml (--tuned-dir).
 """
 import argparse
 import json
@@ -51,32 +54,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEAMS, SCAN_SEED, NUM_CLASSES = 64, 0, 19
 
 
-def minkunet(voxel: float):
+def minkunet(voxel: float, device: str):
     coords, shape = lidar_batch(BEAMS, voxel, [SCAN_SEED])
     shape = [-(-s // 16) * 16 for s in shape]
     g = torch.Generator().manual_seed(100)
-    x = SparseTensor(torch.randn(len(coords), 4, generator=g), coords, spatial_range=shape)
-    labels = torch.randint(0, NUM_CLASSES, (len(coords),), generator=g)
+    x = SparseTensor(torch.randn(len(coords), 4, generator=g), coords, spatial_range=shape).to(device)
+    labels = torch.randint(0, NUM_CLASSES, (len(coords),), generator=g).to(device)
     torch.manual_seed(10)
-    model = MinkUNet(4, NUM_CLASSES, 0.5)
+    model = MinkUNet(4, NUM_CLASSES, 0.5).to(device)
     return model, x, lambda m, s: nn.functional.cross_entropy(m(s), labels)
 
 
-def centerpoint(crop: float):
+def centerpoint(crop: float, device: str):
     config = CenterPointConfig.waymo()
     points = generate_scan(BEAMS, seed=SCAN_SEED)["points"]
     points = points[(np.abs(points[:, 0]) < crop) & (np.abs(points[:, 1]) < crop)]
     extra = np.random.default_rng(200).uniform(0.0, 1.0, (len(points), config.point_features - points.shape[1]))
     x = voxelize([np.concatenate([points, extra.astype(np.float32)], 1)], config)
     torch.manual_seed(20)
-    return VoxelResBackBone8x(config.point_features), x, lambda m, s: m(s).F.square().mean()
+    return VoxelResBackBone8x(config.point_features).to(device), x.to(device), lambda m, s: m(s).F.square().mean()
 
 
 def run_case(name: str, model, sample, loss, mode: str, args, device: str) -> Dict[str, object]:
     result = tune(model, [sample], mode=mode, binding=args.binding if mode == "training" else None, repeats=args.repeats, warmup=args.warmup,
                   final_rounds=args.final_rounds, loss=loss, progress=not args.no_progress)
     print(result.table(), flush=True)
-    path = os.path.join(ROOT, "configs", "tuned", f"{name}_{mode}_{device}.yaml")
+    path = os.path.join(args.tuned_dir, f"{name}_{mode}_{device}.yaml")
     result.save(path)
     final = result.final
     uniforms = {k: v for k, v in final.items() if any(p.startswith("uniform ") for p in k.split(" = "))}
@@ -101,7 +104,7 @@ def run_case(name: str, model, sample, loss, mode: str, args, device: str) -> Di
 def bindings_study(args) -> List[Dict[str, object]]:
     rows = []
     for binding in ("workload", "mapping", "none"):
-        model, x, loss = minkunet(args.study_voxel)
+        model, x, loss = minkunet(args.study_voxel, args.device)
         started = time.perf_counter()
         result = tune(model, [x], mode="training", binding=binding, space="compact", repeats=args.repeats,
                       warmup=args.warmup, final_rounds=args.final_rounds, loss=loss,
@@ -157,21 +160,28 @@ def main() -> int:
     parser.add_argument("--final-rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "autotune_cpu"))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/autotune_<device>")
+    parser.add_argument("--tuned-dir", default=os.path.join(ROOT, "configs", "tuned"))
     args = parser.parse_args()
+    args.out = args.out or os.path.join(ROOT, "benchmarks", "results", f"autotune_{args.device}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch sees no CUDA device")
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
     load_before = load_average()
     cases = []
-    builders = {"minkunet0.5": lambda: minkunet(args.minkunet_voxel), "centerpoint": lambda: centerpoint(args.crop)}
+    builders = {"minkunet0.5": lambda: minkunet(args.minkunet_voxel, args.device),
+                "centerpoint": lambda: centerpoint(args.crop, args.device)}
     for model_name in args.models.split(","):
         for mode in args.modes.split(","):
             model, x, loss = builders[model_name]()
             label = {"minkunet0.5": "minkunet_0.5x", "centerpoint": "centerpoint_backbone"}[model_name]
-            cases.append(run_case(label, model, x, loss, mode, args, "cpu"))
+            cases.append(run_case(label, model, x, loss, mode, args, args.device))
     study = bindings_study(args) if args.bindings_study else None
-    report = {"benchmark": "autotune", "description": __doc__, "machine": machine_info(),
+    report = {"benchmark": "autotune", "description": __doc__, "machine": machine_info(), "device": args.device,
+              "cuda_device": torch.cuda.get_device_name() if args.device == "cuda" else None,
               "threads": torch.get_num_threads(), "args": vars(args), "load_average_before": load_before,
               "load_average_after": load_average(), "cases": cases, "bindings_study": study,
               "wall_seconds": time.perf_counter() - started}

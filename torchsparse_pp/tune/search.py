@@ -13,7 +13,6 @@ from ..nn.functional.config import PassConfigs
 from .binding import Choice, choice_name, with_choice
 
 Assignment = Dict[str, PassConfigs]  # group name -> configs of its three passes
-Evaluate = Callable[[Assignment], float]  # seconds, end to end
 EvaluateMany = Callable[[Sequence[Assignment]], Sequence[float]]
 
 
@@ -52,7 +51,7 @@ def greedy_search(start: Assignment, group_slots: Sequence[tuple], evaluate: Eva
 
     ``evaluate(assignments)`` returns the end-to-end seconds of each whole assignment (every
     group); it gets a slot's candidates together so it can time them round-robin. Each candidate
-    is one trial. Ties keep the earlier choice. A slot keeps its current config unless the
+    is one trial. Ties keep the current config, else the earlier choice. A slot keeps its current config unless the
     fastest choice beats it by more than ``min_gain`` (a fraction of the current end-to-end
     time) and, when ``max_gain_seconds[group]`` is given, by no more than those seconds (a group
     cannot save more time than it takes: a larger gain is timing noise)."""
@@ -90,14 +89,8 @@ def greedy_search(start: Assignment, group_slots: Sequence[tuple], evaluate: Eva
     return result
 
 
-def one_at_a_time(evaluate: Evaluate) -> EvaluateMany:
-    """Adapts a function of one assignment to greedy_search's batch interface."""
-    return lambda assignments: [evaluate(a) for a in assignments]
-
-
 def uniform(groups: Sequence[str], configs: PassConfigs) -> Assignment:
     return {g: configs for g in groups}
 
 
-__all__ = ["Assignment", "Choice", "Evaluate", "EvaluateMany", "SearchResult", "SlotResult", "Trial", "greedy_search",
-           "one_at_a_time", "uniform"]
+__all__ = ["Assignment", "Choice", "EvaluateMany", "SearchResult", "SlotResult", "Trial", "greedy_search", "uniform"]
