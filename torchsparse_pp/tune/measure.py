@@ -64,6 +64,8 @@ class EndToEndTimer:
         self.group_layers = {g.name: [layers[name] for name in g.layer_names] for g in groups}
         self.device = next(model.parameters()).device
         self.calls = 0
+        # Called with the index of the assignment about to be timed (progress display).
+        self.on_pass: Optional[Callable[[int], None]] = None
 
     def set_configs(self, assignment: Assignment) -> None:
         for group, convs in self.group_layers.items():
@@ -110,6 +112,8 @@ class EndToEndTimer:
         n = len(assignments)
         for i in range(self.warmup + self.repeats):
             for k in [(i + j) % n for j in range(n)]:  # rotated per round: no fixed position effects
+                if self.on_pass is not None:
+                    self.on_pass(k)
                 self.set_configs(assignments[k])
                 seconds = self.run_once()
                 if i >= self.warmup:

@@ -27,6 +27,11 @@ def format_table(result) -> str:
                      f"{1e3 * saved.get(g.name, 0.0):.1f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.append("")
+    lines.append("members:")
+    lines += [f"  {g.name}: {', '.join(g.layer_names)}" for g in result.groups]
+    if result.unreached:
+        lines.append(f"  not reached by the sample (left as they are): {', '.join(result.unreached)}")
     uniforms = {label[len("uniform "):]: v for n, v in result.final.items() for label in n.split(" = ")
                 if label.startswith("uniform ")}
     best_uniform = min(uniforms, key=lambda n: uniforms[n]["median_s"])

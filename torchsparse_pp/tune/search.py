@@ -61,15 +61,19 @@ def greedy_search(start: Assignment, group_slots: Sequence[tuple], evaluate: Eva
     total = sum(len(choices) for _, slots in group_slots for _, choices in slots)
     result = SearchResult(assignment)
     bar = tqdm(total=total, desc=desc, unit="trial", disable=not progress, dynamic_ncols=True)
+    best_text = "-"
+    watches = progress and hasattr(evaluate, "on_pass")  # an EndToEndTimer reports each timed pass
     try:
         for group, slots in group_slots:
             for slot, choices in slots:
                 bar.set_description(f"{desc} {group} [{slot}]")
                 candidates = [with_choice(assignment[group], choice) for choice in choices]
+                names = [choice_name(choice) for choice in choices]
+                if watches:
+                    evaluate.on_pass = lambda k: bar.set_postfix(choice=names[k][:32], best=best_text, refresh=False)
                 seconds = [float(s) for s in evaluate([dict(assignment, **{group: c}) for c in candidates])]
                 if len(seconds) != len(candidates):
                     raise RuntimeError(f"evaluate returned {len(seconds)} times for {len(candidates)} candidates")
-                names = [choice_name(choice) for choice in choices]
                 result.trials += [Trial(group, slot, n, t) for n, t in zip(names, seconds)]
                 best = min(range(len(candidates)), key=lambda i: (seconds[i], i))
                 current = next((i for i, c in enumerate(candidates) if c == assignment[group]), None)
@@ -81,9 +85,12 @@ def greedy_search(start: Assignment, group_slots: Sequence[tuple], evaluate: Eva
                         best = current
                 assignment[group] = candidates[best]
                 result.slots.append(SlotResult(group, slot, names[best], seconds[best], start_seconds))
+                best_text = f"{group} {names[best][:32]} {1e3 * seconds[best]:.1f}ms"
                 bar.update(len(candidates))
-                bar.set_postfix(best=f"{names[best][:32]} {1e3 * seconds[best]:.1f}ms")
+                bar.set_postfix(best=best_text)
     finally:
+        if watches:
+            evaluate.on_pass = None
         bar.close()
     result.assignment = assignment
     return result
