@@ -941,6 +941,7 @@ def test_cli_tune_training_mapping(tmp_path):
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["--warmup", "-1"], "--warmup must be >= 0"),
     (["--dtype", "float16"], "float16"),
+    (["--binding", "mapping"], "--binding applies to --mode training only"),
 ])
 def test_cli_rejects_bad_arguments(tmp_path, args, message):
     from torchsparse_pp.cli import main

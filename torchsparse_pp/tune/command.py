@@ -50,8 +50,6 @@ def _check(args) -> None:
         raise SystemExit(f"--warmup must be >= 0, got {args.warmup}")
     if args.binding and args.mode != "training":
         raise SystemExit("--binding applies to --mode training only")
-    if args.dtype == "float16" and (args.device or "cpu") != "cuda":
-        raise SystemExit("--dtype float16 needs --device cuda (the CPU kernels take float32, float64, bfloat16)")
 
 
 def _batches(config, samples: int):
@@ -101,6 +99,8 @@ def run_tune(args) -> int:
         device = torch.device("cuda" if config.train.device == "cuda" else "cpu")
         if device.type == "cuda" and not torch.cuda.is_available():
             raise SystemExit("--device cuda, but torch sees no CUDA device")
+        if args.dtype == "float16" and device.type != "cuda":
+            raise SystemExit("--dtype float16 needs CUDA (the CPU kernels take float32, float64, bfloat16)")
         batches, names = _batches(config, args.samples)
         task = build_task(config, names)
         torch.manual_seed(config.train.seed)
