@@ -916,6 +916,17 @@ def test_cli_tune_then_train_and_eval(cli_tuned, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"tuned configs from {out}" in printed and "mIoU" in printed
 
+    # A file from another machine: an error by default, a warning with train.tuned_strict=false.
+    other = tmp_path / "other_machine.yaml"
+    doc = yaml.safe_load(out.read_text())
+    doc["meta"]["device"]["name"] = "Some Other CPU 9000"
+    other.write_text(yaml.safe_dump(doc))
+    with pytest.raises(TunedFileError, match="tuned_strict"):
+        main(["eval", "--config", DEMO_CONFIG, "--checkpoint", str(checkpoint), "--tuned", str(other), *common])
+    with pytest.warns(UserWarning, match="Some Other CPU 9000"):
+        assert main(["eval", "--config", DEMO_CONFIG, "--checkpoint", str(checkpoint), "--tuned", str(other),
+                     "train.tuned_strict=false", *common]) == 0
+
 
 def test_cli_tune_training_mapping(tmp_path):
     out = tmp_path / "train.yaml"

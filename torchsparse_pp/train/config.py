@@ -73,6 +73,7 @@ class TrainConfig:
     threads: int = 0                       # torch threads per process (0: torch's default)
     conv_dataflow: Optional[str] = None    # default dataflow of every sparse conv (None: library default)
     tuned: Optional[str] = None            # tuned configs file (`torchsparse-pp tune`), applied per layer
+    tuned_strict: bool = True              # a tuned file from another model or device: error (false: warning)
     run_dir: str = "runs/default"
     log_every: int = 10                    # steps between CSV/TensorBoard rows
     checkpoint_every: Optional[int] = None  # also save step_<N>.pt every N steps

@@ -71,7 +71,7 @@ class Trainer:
             model = convert_sync_batchnorm(model)
         self.model = model.to(self.device)
         if train.tuned:
-            tuned = apply_tuned(self.model, train.tuned)
+            tuned = apply_tuned(self.model, train.tuned, strict=train.tuned_strict)
             if self.dist.is_main:
                 print(f"tuned configs from {train.tuned} on {len(tuned.layers)} sparse convs "
                       f"({tuned.meta.get('mode')}, tuned on {tuned.meta['device']['name']})", flush=True)

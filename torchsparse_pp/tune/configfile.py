@@ -137,7 +137,8 @@ def load_tuned(path: PathLike) -> TunedFile:
 
 def _mismatch(message: str, strict: bool) -> None:
     if strict:
-        raise TunedFileError(message + " (pass strict=False to apply it anyway, with a warning)")
+        raise TunedFileError(message + " (pass strict=False, or train.tuned_strict=false to train / eval, to apply "
+                             "it anyway, with a warning)")
     warnings.warn(message, stacklevel=3)
 
 
