@@ -49,6 +49,7 @@ from torchsparse_pp.models import MinkUNet, VoxelResBackBone8x  # noqa: E402
 from torchsparse_pp.models.centerpoint import CenterPointConfig  # noqa: E402
 from torchsparse_pp.models.centerpoint.voxelize import voxelize  # noqa: E402
 from torchsparse_pp.tune import tune  # noqa: E402
+from torchsparse_pp.tune.tuner import candidate_labels  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEAMS, SCAN_SEED, NUM_CLASSES = 64, 0, 19
@@ -76,13 +77,13 @@ def centerpoint(crop: float, device: str):
 
 
 def run_case(name: str, model, sample, loss, mode: str, args, device: str) -> Dict[str, object]:
-    result = tune(model, [sample], mode=mode, binding=args.binding if mode == "training" else None, repeats=args.repeats, warmup=args.warmup,
-                  final_rounds=args.final_rounds, loss=loss, progress=not args.no_progress)
+    result = tune(model, [sample], mode=mode, binding=args.binding if mode == "training" else None,
+                  repeats=args.repeats, warmup=args.warmup, final_rounds=args.final_rounds, loss=loss,
+                  progress=not args.no_progress)
     print(result.table(), flush=True)
     path = os.path.join(args.tuned_dir, f"{name}_{mode}_{device}.yaml")
     result.save(path)
-    final = result.final
-    uniforms = {k: v for k, v in final.items() if any(p.startswith("uniform ") for p in k.split(" = "))}
+    uniforms = result.uniform_stats()
     best_uniform = min(uniforms, key=lambda k: uniforms[k]["median_s"])
     return {
         "model": name, "mode": mode, "voxels": int(sample.C.shape[0]), "binding": result.binding,
@@ -92,11 +93,11 @@ def run_case(name: str, model, sample, loss, mode: str, args, device: str) -> Di
                     "forward_seconds_tuned": result.group_seconds_after[g.name]} for g in result.groups],
         "search": [vars(s) for s in result.search.slots],
         "trials": len(result.search.trials), "tuning_seconds": result.tuning_seconds,
-        "final": final, "selected": result.selected, "best_uniform": best_uniform,
+        "final": result.final, "selected": result.selected, "best_uniform": best_uniform,
+        "default": result.final_stats("default"), "greedy": result.final_stats("greedy"),
         "speedup_vs_default": result.before_seconds / result.after_seconds,
         "tuned_vs_best_uniform": uniforms[best_uniform]["median_s"] / result.after_seconds,
-        "greedy_vs_best_uniform": uniforms[best_uniform]["median_s"]
-        / next(v["median_s"] for k, v in final.items() if "greedy" in k.split(" = ")),
+        "greedy_vs_best_uniform": uniforms[best_uniform]["median_s"] / result.final_stats("greedy")["median_s"],
         "tuned_file": os.path.relpath(path, ROOT),
     }
 
@@ -110,10 +111,9 @@ def bindings_study(args) -> List[Dict[str, object]]:
                       warmup=args.warmup, final_rounds=args.final_rounds, loss=loss,
                       progress=not args.no_progress)
         print(f"binding {binding}:\n{result.table()}", flush=True)
-        greedy = next(v for k, v in result.final.items() if "greedy" in k.split(" = "))
         rows.append({"binding": binding, "voxels": int(x.C.shape[0]), "trials": len(result.search.trials),
-                     "tuning_seconds": time.perf_counter() - started, "greedy": greedy,
-                     "default": result.final[next(k for k in result.final if "default" in k.split(" = "))],
+                     "tuning_seconds": time.perf_counter() - started, "greedy": result.final_stats("greedy"),
+                     "default": result.final_stats("default"),
                      "selected": result.selected, "selected_seconds": result.after_seconds,
                      "search": [vars(s) for s in result.search.slots]})
     return rows
@@ -127,13 +127,13 @@ def plot(cases: List[Dict[str, object]], path: str) -> None:
     fig, axes = plt.subplots(1, len(cases), figsize=(4.2 * len(cases), 4.2), squeeze=False)
     for ax, case in zip(axes[0], cases):
         final = case["final"]
-        default = next(v["median_s"] for k, v in final.items() if "default" in k.split(" = "))
+        default = case["default"]["median_s"]
         names = sorted(final, key=lambda k: final[k]["median_s"])
         speed = [default / final[n]["median_s"] for n in names]
         lo = [default / final[n]["max_s"] for n in names]
         hi = [default / final[n]["min_s"] for n in names]
-        colors = ["tab:red" if "greedy" in n.split(" = ") else "tab:green" if n == case["selected"] else "tab:gray"
-                  for n in names]
+        colors = ["tab:red" if "greedy" in candidate_labels(n) else "tab:green" if n == case["selected"]
+                  else "tab:gray" for n in names]
         y = np.arange(len(names))
         ax.barh(y, speed, color=colors, xerr=[np.subtract(speed, lo), np.subtract(hi, speed)], capsize=2)
         ax.set_yticks(y, [n.replace("uniform ", "") for n in names], fontsize=6)

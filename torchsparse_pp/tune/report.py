@@ -32,8 +32,7 @@ def format_table(result) -> str:
     lines += [f"  {g.name}: {', '.join(g.layer_names)}" for g in result.groups]
     if result.unreached:
         lines.append(f"  not reached by the sample (left as they are): {', '.join(result.unreached)}")
-    uniforms = {label[len("uniform "):]: v for n, v in result.final.items() for label in n.split(" = ")
-                if label.startswith("uniform ")}
+    uniforms = result.uniform_stats()
     best_uniform = min(uniforms, key=lambda n: uniforms[n]["median_s"])
     before, after = result.before_seconds, result.after_seconds
     lines.append("")

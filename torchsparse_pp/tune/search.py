@@ -92,7 +92,6 @@ def greedy_search(start: Assignment, group_slots: Sequence[tuple], evaluate: Eva
         if watches:
             evaluate.on_pass = None
         bar.close()
-    result.assignment = assignment
     return result
 
 

@@ -45,9 +45,19 @@ class TuneResult:
     unreached: List[str] = field(default_factory=list)  # convs the sample did not reach (not tuned)
     date: str = field(default_factory=lambda: datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
 
+    def final_stats(self, label: str) -> Dict[str, float]:
+        """Final-check stats of 'default', 'greedy' or 'uniform <config>', also when that
+        candidate was timed under a joined name."""
+        return next(v for k, v in self.final.items() if label in candidate_labels(k))
+
+    def uniform_stats(self) -> Dict[str, Dict[str, float]]:
+        """Final-check stats of every uniform config, by config name."""
+        return {label[len(UNIFORM):]: v for k, v in self.final.items() for label in candidate_labels(k)
+                if label.startswith(UNIFORM)}
+
     @property
     def before_seconds(self) -> float:
-        return next(v["median_s"] for k, v in self.final.items() if "default" in k.split(" = "))
+        return self.final_stats("default")["median_s"]
 
     @property
     def after_seconds(self) -> float:
@@ -71,6 +81,13 @@ class TuneResult:
 
 
 STARTS = ("best_uniform", "default")
+UNIFORM = "uniform "
+JOINED = " = "  # identical final candidates are timed once, under their labels joined by this
+
+
+def candidate_labels(name: str) -> List[str]:
+    """The labels of a final-check candidate ('greedy = uniform fetch_on_demand' has two)."""
+    return name.split(JOINED)
 
 
 def _merge_equal(named: Sequence[Tuple[str, Assignment]], groups: Sequence[str]) -> Dict[str, Assignment]:
@@ -80,7 +97,7 @@ def _merge_equal(named: Sequence[Tuple[str, Assignment]], groups: Sequence[str])
     for name, assignment in named:
         key = tuple(assignment[g] for g in groups)
         merged.setdefault(key, ([], assignment))[0].append(name)
-    return {" = ".join(labels): assignment for labels, assignment in merged.values()}
+    return {JOINED.join(labels): assignment for labels, assignment in merged.values()}
 
 
 def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", binding: Optional[str] = None,
@@ -148,19 +165,27 @@ def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", bind
         per_group = [(g.name, slots(mode, binding, choices)) for g in groups]
         # What a group can save at most: its own time (training: forward, dgrad and wgrad, about
         # three times its forward).
-        share = timer.group_forward_seconds(start_assignment)
+        measured: Dict[tuple, Dict[str, float]] = {}
+
+        def group_seconds(assignment: Assignment) -> Dict[str, float]:
+            """Per-group forward seconds, measured once per distinct assignment."""
+            key = tuple(assignment[g] for g in names)
+            if key not in measured:
+                measured[key] = timer.group_forward_seconds(assignment)
+            return measured[key]
+
+        share = group_seconds(start_assignment)
         max_gain = {g: (3.0 if mode == "training" else 1.0) * t for g, t in share.items()}
         search = greedy_search(start_assignment, per_group, timer, min_gain, max_gain, progress=progress,
                                desc=f"tuning ({mode})")
 
         named = [("default", default), ("greedy", search.assignment)]
-        named += [(f"uniform {config_name(c)}", u) for c, u in zip(choices, uniforms)]
+        named += [(UNIFORM + config_name(c), u) for c, u in zip(choices, uniforms)]
         candidates = _merge_equal(named, names)
         final = dict(zip(candidates, careful.measure_all(list(candidates.values()))))
-        selected = min(final, key=lambda n: (final[n]["median_s"], "default" in n.split(" = ")))
+        selected = min(final, key=lambda n: (final[n]["median_s"], "default" in candidate_labels(n)))
         assignment = candidates[selected]
-        before = timer.group_forward_seconds(default)
-        after = timer.group_forward_seconds(assignment)
+        before, after = group_seconds(default), group_seconds(assignment)
     finally:
         for name, conv in layers.items():
             conv.config = saved_configs[name]
