@@ -1,7 +1,19 @@
-"""Command line: ``torchsparse-pp {demo,train,eval,tune,info,synth}``."""
+"""The torchsparse-pp command line: demo, train, eval, tune, info, synth (also python -m torchsparse_pp).
+
+Errors are one line on stderr: ``error: ...``, exit status 2 for bad arguments, configs, paths
+and data, 1 for anything unexpected. ``--debug`` (or TORCHSPARSE_PP_DEBUG=1) shows the traceback."""
 import argparse
+import contextlib
+import os
 import sys
-from typing import List, Optional
+import warnings
+from typing import Callable, List, Optional
+
+from .train.cliargs import CommandParser, non_negative_int, parse_with_overrides, positive_int
+
+DEBUG_ENV = "TORCHSPARSE_PP_DEBUG"
+# What a user can fix: arguments, configs, paths, data, missing packages.
+USER_ERRORS = (ValueError, OSError, ImportError)
 
 
 def _info(_args) -> int:
@@ -22,11 +34,19 @@ def _demo(args) -> int:
     import torch
 
     from torchsparse_pp.demo import run_demo
+    from torchsparse_pp.train.commands import resume_command
+    from torchsparse_pp.train.interrupt import TrainingInterrupted
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    run_demo(data=args.data, out=args.out, device=args.device, quick=args.quick, epochs=args.epochs,
-             scans=args.scans, seed=args.seed)
+    try:
+        run_demo(data=args.data, out=args.out, device=args.device, quick=args.quick, epochs=args.epochs,
+                 scans=args.scans, seed=args.seed)
+    except TrainingInterrupted as stop:
+        print(f"interrupted at step {stop.step} of {stop.total_steps}; saved {stop.checkpoint}\n"
+              f"continue its training with: {resume_command(stop.checkpoint)} (a new demo starts over)",
+              file=sys.stderr)
+        return 130
     return 0
 
 
@@ -57,45 +77,87 @@ def _synth(args) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="torchsparse-pp", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train MinkUNet on synthetic (or given) SemanticKITTI scans and show mIoU "
-                                        "before and after")
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help=f"show the traceback of an error (or set {DEBUG_ENV}=1)")
+    parser = CommandParser(prog="torchsparse-pp", description=__doc__.splitlines()[0], parents=[common])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,train,eval,tune,info,synth}")
+
+    def command(name: str, func: Callable, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help, parents=[common])
+        p.set_defaults(func=func, command_parser=p)
+        return p
+
+    demo = command("demo", _demo, "train MinkUNet on synthetic (or given) SemanticKITTI scans and show mIoU before "
+                                  "and after")
     demo.add_argument("--data", default=None, help="a SemanticKITTI root (default: generate a synthetic one)")
-    demo.add_argument("--out", default="runs/demo", help="run directory (data, checkpoints, logs, PNG)")
+    demo.add_argument("--out", default="runs/demo",
+                      help="directory for the data, the run and the PNG (default runs/demo; a new demo starts over)")
     demo.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    demo.add_argument("--epochs", type=int, default=None, help="training epochs (default: 24, 2 with --quick)")
-    demo.add_argument("--scans", type=int, default=None,
+    demo.add_argument("--epochs", type=positive_int, default=None, help="training epochs (default: 24, 2 with --quick)")
+    demo.add_argument("--scans", type=positive_int, default=None,
                       help="train scans to generate or use (default: 16, 2 with --quick)")
     demo.add_argument("--quick", action="store_true", help="a tiny setting that runs in well under a minute")
-    demo.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.set_defaults(func=_demo)
+    demo.add_argument("--threads", type=non_negative_int, default=0, help="torch threads (0: torch's default)")
+    demo.add_argument("--seed", type=non_negative_int, default=0)
     from torchsparse_pp.train.commands import add_eval_arguments, add_train_arguments
 
-    train = sub.add_parser("train", help="train a model from a YAML config (docs/training.md)")
-    add_train_arguments(train)
-    train.set_defaults(func=_train)
-    evaluate = sub.add_parser("eval", help="evaluate a checkpoint on the config's val split")
-    add_eval_arguments(evaluate)
-    evaluate.set_defaults(func=_eval)
+    add_train_arguments(command("train", _train, "train a model from a YAML config (docs/training.md)"))
+    add_eval_arguments(command("eval", _eval, "evaluate a checkpoint on the val split"))
     from torchsparse_pp.tune.command import add_tune_arguments
 
-    tune = sub.add_parser("tune", help="tune the dataflow of each kernel-map group of a config's model, write a "
-                                        "tuned file (docs/autotune.md)")
-    add_tune_arguments(tune)
-    tune.set_defaults(func=_tune)
-    info = sub.add_parser("info", help="print versions and available kernels")
-    info.set_defaults(func=_info)
-    synth = sub.add_parser("synth", help="write a synthetic LiDAR dataset in a real on-disk format")
+    add_tune_arguments(command("tune", _tune, "tune the dataflow of each kernel-map group of a config's model, "
+                                              "write a tuned file (docs/autotune.md)"))
+    command("info", _info, "print versions and available kernels")
+    synth = command("synth", _synth, "write a synthetic LiDAR dataset in a real on-disk format")
     synth.add_argument("--out", required=True, help="new or empty directory to write into")
     synth.add_argument("--format", default="semantickitti", choices=("semantickitti", "nuscenes", "detection"))
-    synth.add_argument("--scans", type=int, default=2, help="scans per split (train and val)")
-    synth.add_argument("--seed", type=int, default=0, help="scan k uses seed + k")
-    synth.set_defaults(func=_synth)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    synth.add_argument("--scans", type=positive_int, default=2, help="scans per split (train and val)")
+    synth.add_argument("--seed", type=non_negative_int, default=0, help="scan k uses seed + k")
+    return parser
+
+
+@contextlib.contextmanager
+def _one_line_warnings():
+    """Warnings as ``warning: ...`` lines, without the source line Python shows."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"warning: {message}", file=file or sys.stderr, flush=True)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
+def run_command(parse: Callable[[], argparse.Namespace], run: Callable[[argparse.Namespace], int]) -> int:
+    """Parses and runs a command; errors become one line and an exit status (see the module doc)."""
+    try:
+        args = parse()
+    except SystemExit as done:  # --help, or a usage error already printed
+        return done.code if isinstance(done.code, int) else 2
+    debug = getattr(args, "debug", False) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    with _one_line_warnings():
+        try:
+            return run(args)
+        except KeyboardInterrupt:
+            if debug:
+                raise
+            print("interrupted", file=sys.stderr)
+            return 130
+        except Exception as err:  # noqa: BLE001 (every error ends as one line unless --debug)
+            if debug:
+                raise
+            if isinstance(err, USER_ERRORS):
+                print(f"error: {err}", file=sys.stderr)
+                return 2
+            print(f"error: {type(err).__name__}: {err} (unexpected; run again with --debug for the traceback)",
+                  file=sys.stderr)
+            return 1
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    return run_command(lambda: parse_with_overrides(parser, argv), lambda args: args.func(args))
 
 
 if __name__ == "__main__":

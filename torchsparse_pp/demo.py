@@ -112,7 +112,7 @@ def run_demo(data: Optional[str] = None, out: str = "runs/demo", device: str = "
     })
     print(f"torchsparse_pp demo: MinkUNet cr={settings['cr']} on {root} ({config.data.voxel_size} m voxels, "
           f"|x|, |y| < {config.data.crop} m), {device}, {torch.get_num_threads()} threads")
-    trainer = Trainer(config)
+    trainer = Trainer(config, force=True)  # each demo starts its run over
     print(f"  {len(trainer.train_set)} train / {len(trainer.val_set)} val scans, {trainer.total_steps} steps "
           f"({settings['epochs']} epochs of {trainer.steps_per_epoch})")
     before = trainer.evaluate()

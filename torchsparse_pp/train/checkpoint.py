@@ -1,16 +1,22 @@
 """Checkpoints: state dicts only (torch.save; loaded with weights_only=True), with everything an
 exact resume needs: model, optimizer, scheduler, grad scaler, RNG states and the position in
 the data stream (epoch and batches done in it)."""
+import pickle
 import random
+import zipfile
 from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
 import numpy as np
 import torch
 
-__all__ = ["rng_state", "set_rng_state", "save_checkpoint", "load_checkpoint"]
+__all__ = ["rng_state", "set_rng_state", "save_checkpoint", "load_checkpoint", "CheckpointError"]
 
 FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A file that is not a torchsparse_pp checkpoint, or one that does not fit this run."""
 
 
 def rng_state() -> Dict[str, Any]:
@@ -64,11 +70,23 @@ def save_checkpoint(path: Union[str, Path], *, model, optimizer, scheduler, scal
     return path
 
 
-def load_checkpoint(path: Union[str, Path], map_location="cpu") -> Dict[str, Any]:
+def load_checkpoint(path: Union[str, Path], map_location="cpu", mmap: bool = False) -> Dict[str, Any]:
+    """The checkpoint's state; ``mmap``: tensors stay on disk until used (cheap to read the
+    config and the position)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
-    state = torch.load(path, map_location=map_location, weights_only=True)
+    what = f"{str(path)!r} is not a torchsparse_pp training checkpoint"
+    # torch.save writes a zip archive; anything else (a YAML config, a log) is refused before
+    # torch.load, whose errors speak of pickles.
+    if not zipfile.is_zipfile(path):
+        hint = " (it looks like a YAML config: pass it as --config)" if path.suffix in (".yaml", ".yml") else ""
+        raise CheckpointError(f"{what}: it was not written by torch.save{hint}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{what} (torch.load: {first})") from err
     if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION or "model" not in state:
-        raise ValueError(f"{str(path)!r} is not a torchsparse_pp training checkpoint (format {FORMAT_VERSION})")
+        raise CheckpointError(f"{what} (format {FORMAT_VERSION})")
     return state

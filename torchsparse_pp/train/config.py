@@ -125,6 +125,7 @@ class Config:
         for name in ("data.num_workers", "train.threads", "train.seed", "optim.warmup_steps", "optim.weight_decay"):
             if _get(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {_get(self, name)!r}")
+        self._check_optimizer_keys()
         if not 0 <= self.optim.min_lr_ratio <= 1:
             raise ConfigError(f"optim.min_lr_ratio must lie in [0, 1], got {self.optim.min_lr_ratio!r}")
         if not 0 < self.eval.iou_threshold <= 1:
@@ -132,6 +133,15 @@ class Config:
         if self.model.name == "centerpoint":
             self.centerpoint_config()  # raises on unknown or bad fields
         return self
+
+    def _check_optimizer_keys(self) -> None:
+        """A setting of the other optimizer would be ignored: an error unless it keeps its default."""
+        defaults = OptimConfig()
+        other = {"sgd": ("betas",), "adamw": ("momentum", "nesterov")}[self.optim.name]
+        for key in other:
+            if getattr(self.optim, key) != getattr(defaults, key):
+                raise ConfigError(f"optim.{key}={getattr(self.optim, key)!r} has no effect with "
+                                  f"optim.name={self.optim.name!r}; remove it (or set the optimizer it belongs to)")
 
     def centerpoint_config(self, num_classes: Optional[int] = None):
         """The CenterPointConfig: the preset with ``model.centerpoint`` overrides."""
@@ -287,5 +297,7 @@ def load_config(path: Optional[Union[str, Path]] = None, overrides: Sequence[str
 def dump_config(config: Config, path: Union[str, Path]) -> None:
     import yaml
 
-    Path(path).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    from .files import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(config_to_dict(config), sort_keys=False))
 

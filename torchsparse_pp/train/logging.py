@@ -1,11 +1,16 @@
 """Run logs of rank 0: a CSV file per kind (train.csv, eval.csv) and TensorBoard scalars
 (skipped with a warning when tensorboard is not installed)."""
 import csv
+import io
 import warnings
 from pathlib import Path
 from typing import Dict, Optional
 
+from .files import atomic_write_text
+
 __all__ = ["RunLogger"]
+
+_warned_tensorboard = False
 
 
 class RunLogger:
@@ -23,8 +28,11 @@ class RunLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                warnings.warn("tensorboard is not installed: TensorBoard logs are skipped (CSV logs are written); "
-                              "pip install tensorboard to get them", stacklevel=2)
+                global _warned_tensorboard
+                if not _warned_tensorboard:  # once per process, not once per run
+                    _warned_tensorboard = True
+                    warnings.warn("tensorboard is not installed: TensorBoard logs are skipped (CSV logs are "
+                                  "written); pip install tensorboard to get them", stacklevel=2)
             else:
                 self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
 
@@ -61,8 +69,9 @@ class RunLogger:
                 rows = list(csv.reader(f))
             kept = rows[:1] + [r for r in rows[1:] if r and int(r[0]) <= step]
             if len(kept) != len(rows):
-                with open(path, "w", newline="") as f:
-                    csv.writer(f).writerows(kept)
+                out = io.StringIO()
+                csv.writer(out).writerows(kept)
+                atomic_write_text(path, out.getvalue())
 
     def close(self) -> None:
         if self.writer is not None:

@@ -5,7 +5,7 @@ import torch
 
 from .config import OptimConfig
 
-__all__ = ["build_optimizer", "build_scheduler", "WarmupCosine"]
+__all__ = ["build_optimizer", "build_scheduler", "set_hyperparameters", "WarmupCosine"]
 
 
 def build_optimizer(params, config: OptimConfig) -> torch.optim.Optimizer:
@@ -35,7 +35,22 @@ class WarmupCosine:
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int):
-    """A LambdaLR stepped once per optimizer step."""
+def set_hyperparameters(optimizer: torch.optim.Optimizer, config: OptimConfig) -> None:
+    """The config's hyperparameters on every param group (a loaded optimizer state brings the
+    checkpoint's, which a resume with changed optim settings must not keep)."""
+    for group in optimizer.param_groups:
+        group["weight_decay"] = config.weight_decay
+        if config.name == "sgd":
+            group["momentum"], group["nesterov"] = config.momentum, config.nesterov
+        else:
+            group["betas"] = tuple(config.betas)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int, start_step: int = 0):
+    """A LambdaLR stepped once per optimizer step; ``start_step`` > 0 starts it there (a resumed
+    run whose schedule changed: the lr follows the new schedule from that step on)."""
     schedule = WarmupCosine(total_steps, config.warmup_steps, config.min_lr_ratio, config.schedule == "cosine")
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    if start_step > 0:
+        for group in optimizer.param_groups:
+            group["initial_lr"] = config.lr
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule, last_epoch=start_step - 1)

@@ -2,7 +2,9 @@
 import argparse
 import contextlib
 import dataclasses
+import shlex
 import tempfile
+import warnings
 from pathlib import Path
 from typing import List, Optional
 
@@ -14,15 +16,18 @@ __all__ = ["add_tune_arguments", "run_tune", "main"]
 
 
 def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..train.cliargs import OVERRIDES_HELP, non_negative_int, positive_int
     from .binding import BINDINGS, MODES
     from .space import SPACES
 
+    parser.usage = "%(prog)s --config FILE --out PATH [--synthetic | --data DIR] [options] [section.key=value ...]"
+    parser.epilog = OVERRIDES_HELP
     parser.add_argument("--config", required=True, help="training YAML config: the model and its data (configs/)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--data", default=None, help="dataset root (default: the config's data.root)")
     source.add_argument("--synthetic", action="store_true",
                         help="tune on a freshly generated synthetic dataset in the config's data.format")
-    parser.add_argument("--samples", type=int, default=2, help="batches timed per trial (default 2)")
+    parser.add_argument("--samples", type=positive_int, default=2, help="batches timed per trial (default 2)")
     parser.add_argument("--mode", default="inference", choices=MODES)
     parser.add_argument("--binding", default=None, choices=BINDINGS,
                         help="--mode training only: which passes share a config (default workload)")
@@ -31,25 +36,52 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: the config's train.device")
     parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES),
                         help="float32, or bfloat16 / float16 autocast as in train.amp (float16: CUDA only)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes per trial, median taken (default 3)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed passes before each slot's trials (default 1)")
+    parser.add_argument("--repeats", type=positive_int, default=3,
+                        help="timed passes per trial, median taken (default 3; fewer gives a warning: the "
+                             "differences are then mostly noise)")
+    parser.add_argument("--warmup", type=non_negative_int, default=1,
+                        help="untimed passes before each slot's trials (default 1)")
     parser.add_argument("--start", default="best_uniform", choices=("best_uniform", "default"),
                         help="configs the groups hold before their turn (default: the fastest uniform config)")
     parser.add_argument("--min-gain", type=float, default=0.05,
                         help="a group leaves its current config only for a choice this much faster (default 0.05)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: the config's train.threads)")
-    parser.add_argument("--out", required=True, help="tuned YAML file to write (e.g. configs/tuned/<model>_cpu.yaml)")
-    parser.add_argument("overrides", nargs="*", help="config overrides section.key=value")
+    parser.add_argument("--threads", type=non_negative_int, default=0,
+                        help="torch threads (0: the config's train.threads)")
+    parser.add_argument("--out", required=True,
+                        help="tuned YAML file to write (e.g. configs/tuned/<model>_cpu.yaml); an existing directory "
+                             "gets <config>_<mode>_<device>.yaml inside. Checked before tuning starts")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
+    parser.set_defaults(overrides=[])
 
 
 def _check(args) -> None:
-    for name in ("samples", "repeats"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if args.warmup < 0:
-        raise SystemExit(f"--warmup must be >= 0, got {args.warmup}")
     if args.binding and args.mode != "training":
-        raise SystemExit("--binding applies to --mode training only")
+        raise ValueError("--binding applies to --mode training only")
+    if not 0.0 <= args.min_gain < 1.0:
+        raise ValueError(f"--min-gain must lie in [0, 1), got {args.min_gain}")
+
+
+def _out_path(args, device: str) -> Path:
+    """--out, or a file named after the config inside --out when that is a directory; checked
+    now, so a long search never ends on an unwritable path."""
+    from ..train.files import check_new_file
+
+    out = Path(args.out)
+    if out.is_dir():
+        binding = f"_{args.binding}" if args.binding else ""
+        out = out / f"{Path(args.config).stem}_{args.mode}{binding}_{device}.yaml"
+    return check_new_file(out, "--out", force=args.force)
+
+
+def _use_command(args, path: Path) -> List[str]:
+    """The train command that builds the model this file was tuned for: the same config and
+    overrides (a synthetic tuning set aside)."""
+    overrides = list(args.overrides)
+    if args.data:
+        overrides.append(f"data.root={args.data}")
+    if args.device:
+        overrides.append(f"train.device={args.device}")
+    return ["torchsparse-pp", "train", "--config", str(args.config), "--tuned", str(path), *overrides]
 
 
 def _batches(config, samples: int):
@@ -65,7 +97,7 @@ def _batches(config, samples: int):
         if len(batches) == samples:
             break
     if len(batches) < samples:
-        raise SystemExit(f"the {config.data.val_split} split has only {len(batches)} batch(es); asked for "
+        raise ValueError(f"the {config.data.val_split} split has only {len(batches)} batch(es); asked for "
                          f"--samples {samples}")
     return batches, class_names(config, dataset)
 
@@ -74,6 +106,7 @@ def run_tune(args) -> int:
     from ..data.synth import write_synthetic
     from ..nn.functional import ConvConfig, default_config
     from ..train.config import load_config
+    from ..train.matching import model_settings
     from ..train.tasks import build_task
     from .tuner import tune
 
@@ -81,10 +114,12 @@ def run_tune(args) -> int:
     overrides = list(args.overrides)
     if args.device:
         overrides.append(f"train.device={args.device}")
+    # Everything but the data (set below; a placeholder root lets a config without one be read).
+    probe = load_config(args.config, [*overrides, "data.root=placeholder"])
+    path = _out_path(args, probe.train.device)
     with contextlib.ExitStack() as stack:
         if args.synthetic:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tspp_tune_"))
-            probe = load_config(args.config, overrides)
             per_split = args.samples * max(probe.data.batch_size, probe.data.val_batch_size)
             write_synthetic(tmp, format=probe.data.format, scans=per_split, progress=False)
             overrides.append(f"data.root={tmp}")
@@ -98,9 +133,9 @@ def run_tune(args) -> int:
             torch.set_num_threads(threads)
         device = torch.device("cuda" if config.train.device == "cuda" else "cpu")
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise SystemExit("--device cuda, but torch sees no CUDA device")
+            raise ValueError("--device cuda, but torch sees no CUDA device")
         if args.dtype == "float16" and device.type != "cuda":
-            raise SystemExit("--dtype float16 needs CUDA (the CPU kernels take float32, float64, bfloat16)")
+            raise ValueError("--dtype float16 needs CUDA (the CPU kernels take float32, float64, bfloat16)")
         batches, names = _batches(config, args.samples)
         task = build_task(config, names)
         torch.manual_seed(config.train.seed)
@@ -112,14 +147,19 @@ def run_tune(args) -> int:
                       loss=lambda m, b: task.loss(m, b, device)["loss"],
                       repeats=args.repeats, warmup=args.warmup, min_gain=args.min_gain, autocast_dtype=DTYPES[args.dtype])
     print(result.table())
-    path = Path(args.out)
-    result.save(path)
-    print(f"wrote {path}; use it with `torchsparse-pp train --config {args.config} --tuned {path}` "
-          "or torchsparse_pp.tune.apply(model, path)")
+    for text in result.noise_warnings():
+        warnings.warn(text, stacklevel=1)
+    use = shlex.join(_use_command(args, path))
+    result.save(path, {"settings": model_settings(config), "train_command": use})
+    print(f"wrote {path}; use it with:\n  {use}\n(eval takes --tuned too; in Python: "
+          "torchsparse_pp.tune.apply(model, path))")
     return 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="tune", description="tune the dataflow of each kernel-map group")
+    from ..cli import run_command
+    from ..train.cliargs import CommandParser, parse_with_overrides
+
+    parser = CommandParser(prog="tune", description="tune the dataflow of each kernel-map group")
     add_tune_arguments(parser)
-    return run_tune(parser.parse_args(argv))
+    return run_command(lambda: parse_with_overrides(parser, argv), run_tune)

@@ -10,7 +10,7 @@
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 import yaml
@@ -38,6 +38,7 @@ class TunedFile:
     layers: Dict[str, str]      # module name -> group name
     raw: Dict[str, Any]
     unreached: List[str] = field(default_factory=list)  # convs tuning never reached (left as they are)
+    applied_to: str = ""        # after apply(): the submodule it was applied to ('' for the model itself)
 
     def layer_configs(self) -> Dict[str, PassConfigs]:
         return {layer: self.group_configs[group] for layer, group in self.layers.items()}
@@ -47,8 +48,9 @@ def _round(x: float) -> float:
     return float(f"{x:.6g}")
 
 
-def tuned_to_dict(result) -> Dict[str, Any]:
-    """The YAML document of a TuneResult."""
+def tuned_to_dict(result, extra_meta: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The YAML document of a TuneResult; ``extra_meta`` (e.g. the command that made it and the
+    model settings of its training config) joins ``meta``."""
     meta = {
         "model": result.model_class, "structural_hash": result.structural_hash,
         "library": __version__, "torch": str(torch.__version__),
@@ -65,6 +67,7 @@ def tuned_to_dict(result) -> Dict[str, Any]:
                     "start_seconds": None if s.start_seconds is None else _round(s.start_seconds)}
                    for s in result.search.slots],
     }
+    meta.update(extra_meta or {})
     groups = {}
     for g in result.groups:
         configs = result.assignment[g.name]
@@ -79,14 +82,15 @@ def tuned_to_dict(result) -> Dict[str, Any]:
             "unreached_layers": list(result.unreached)}
 
 
-def save_tuned(result, path: PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def save_tuned(result, path: PathLike, extra_meta: Optional[Dict[str, Any]] = None) -> Path:
+    """Writes the whole file or nothing (temp file, then rename)."""
+    from ..train.files import atomic_write_text
+
     header = (f"# torchsparse_pp tuned configs for {result.model_class} on {result.device_name} "
               f"({result.mode}{', binding ' + result.binding if result.binding else ''}).\n"
               "# Apply with torchsparse_pp.tune.apply(model, path) or `--tuned` of train / eval.\n")
-    path.write_text(header + yaml.safe_dump(tuned_to_dict(result), sort_keys=False, width=110))
-    return path
+    return atomic_write_text(path, header + yaml.safe_dump(tuned_to_dict(result, extra_meta), sort_keys=False,
+                                                           width=110))
 
 
 def _need(mapping: Any, key: str, where: str, kind=dict):
@@ -107,9 +111,13 @@ def load_tuned(path: PathLike) -> TunedFile:
         doc = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise TunedFileError(f"{path}: not valid YAML ({err})") from err
-    if not isinstance(doc, dict) or doc.get(FORMAT_KEY) != FORMAT_VERSION:
-        raise TunedFileError(f"{path}: not a torchsparse_pp tuned file (version {FORMAT_VERSION}): "
-                             f"expected '{FORMAT_KEY}: {FORMAT_VERSION}' at the top")
+    if not isinstance(doc, dict) or FORMAT_KEY not in doc:
+        raise TunedFileError(f"{path}: not a torchsparse_pp tuned file: expected '{FORMAT_KEY}: {FORMAT_VERSION}' "
+                             "at the top")
+    if doc[FORMAT_KEY] != FORMAT_VERSION:
+        raise TunedFileError(f"{path}: a tuned file of version {doc[FORMAT_KEY]!r}; torchsparse_pp {__version__} reads "
+                             f"version {FORMAT_VERSION} only (tune again with this version, or use the version that "
+                             "wrote it)")
     meta = _need(doc, "meta", str(path))
     for key in ("model", "structural_hash"):
         _need(meta, key, f"{path}: meta", str)
@@ -142,18 +150,33 @@ def _mismatch(message: str, strict: bool) -> None:
     warnings.warn(message, stacklevel=3)
 
 
+def _target(model: nn.Module, class_name: str) -> Tuple[str, nn.Module]:
+    """The module a file tuned for ``class_name`` applies to: the model itself, or its only
+    submodule of that class (a backbone tuned alone, inside the whole detector)."""
+    if type(model).__name__ == class_name:
+        return "", model
+    found = [(name, m) for name, m in model.named_modules() if name and type(m).__name__ == class_name]
+    return found[0] if len(found) == 1 else ("", model)
+
+
 def apply(model: nn.Module, tuned: Union[PathLike, TunedFile], strict: bool = True) -> TunedFile:
     """Sets the config of every layer the tuned file names.
 
+    A file tuned for a submodule's class (e.g. VoxelResBackBone8x) applies to the model's only
+    submodule of that class (CenterPoint's backbone); ``applied_to`` names it.
     A file tuned for another model structure (structural hash) or another device (type or name)
     raises TunedFileError; with ``strict=False`` it warns and applies to the layers that exist.
     Configs whose dataflow has no kernels on the model's device always raise."""
     tuned = tuned if isinstance(tuned, TunedFile) else load_tuned(tuned)
     meta = tuned.meta
+    prefix, model = _target(model, meta["model"])
+    tuned.applied_to = prefix
     ours = structural_hash(model)
     if meta["structural_hash"] != ours:
+        where = f" ({prefix})" if prefix else ""
         _mismatch(f"the tuned file was made for a {meta['model']} with structural hash {meta['structural_hash']}, "
-                  f"but this {type(model).__name__} hashes to {ours} (a different model or layer layout)", strict)
+                  f"but this {type(model).__name__}{where} hashes to {ours} (a different model or layer layout)",
+                  strict)
     device = model_device(model)
     name = device_name(device)
     if (meta["device"]["type"], meta["device"]["name"]) != (device.type, name):

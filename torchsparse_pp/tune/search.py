@@ -70,7 +70,7 @@ def greedy_search(start: Assignment, group_slots: Sequence[tuple], evaluate: Eva
                 candidates = [with_choice(assignment[group], choice) for choice in choices]
                 names = [choice_name(choice) for choice in choices]
                 if watches:
-                    evaluate.on_pass = lambda k: bar.set_postfix(choice=names[k][:32], best=best_text, refresh=False)
+                    evaluate.on_pass = lambda k: bar.set_postfix(choice=names[k][:32], pick=best_text, refresh=False)
                 seconds = [float(s) for s in evaluate([dict(assignment, **{group: c}) for c in candidates])]
                 if len(seconds) != len(candidates):
                     raise RuntimeError(f"evaluate returned {len(seconds)} times for {len(candidates)} candidates")
@@ -87,7 +87,7 @@ def greedy_search(start: Assignment, group_slots: Sequence[tuple], evaluate: Eva
                 result.slots.append(SlotResult(group, slot, names[best], seconds[best], start_seconds))
                 best_text = f"{group} {names[best][:32]} {1e3 * seconds[best]:.1f}ms"
                 bar.update(len(candidates))
-                bar.set_postfix(best=best_text)
+                bar.set_postfix(pick=best_text)  # the slot's pick; the final check may overrule it
     finally:
         if watches:
             evaluate.on_pass = None

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from ..nn.functional.config import PassConfigs, get_default_config
 from .binding import BINDINGS, MODES, slots
@@ -71,9 +72,30 @@ class TuneResult:
         for name, configs in self.layer_configs().items():
             layers[name].config = configs
 
-    def save(self, path) -> None:
+    def save(self, path, meta: Optional[Dict[str, Any]] = None) -> None:
+        """Writes the tuned file; ``meta``: more entries for its meta section."""
         from .configfile import save_tuned
-        save_tuned(self, path)
+        save_tuned(self, path, meta)
+
+    def spread(self) -> float:
+        """The timing noise of this run: the largest (max - min) / median of a final-check candidate."""
+        return max((v["max_s"] - v["min_s"]) / v["median_s"] for v in self.final.values())
+
+    def noise_warnings(self) -> List[str]:
+        """Why the differences this result reports may be noise (empty when they are not)."""
+        found = []
+        spread = self.spread()
+        if self.repeats < MIN_TRUSTED_REPEATS:
+            found.append(
+                f"--repeats {self.repeats}: each trial of the search is the median of {self.repeats} pass(es) and the "
+                f"per-group times one pass, while passes of the final check spread by {spread:.0%} here; choices "
+                f"that differ by less are noise (min gain {self.min_gain:.0%}). Use --repeats "
+                f"{MIN_TRUSTED_REPEATS * 2 - 1} or more to trust the per-group picks")
+        gain = self.before_seconds / self.after_seconds - 1
+        if "default" not in candidate_labels(self.selected) and abs(gain) < spread:
+            found.append(f"the selected configs' gain over the default ({gain:+.0%}) is within the final check's "
+                         f"spread ({spread:.0%}): it may be noise; re-run with more --repeats or on a quieter machine")
+        return found
 
     def table(self) -> str:
         from .report import format_table
@@ -81,6 +103,7 @@ class TuneResult:
 
 
 STARTS = ("best_uniform", "default")
+MIN_TRUSTED_REPEATS = 3  # fewer timed passes per trial give no idea of the spread
 UNIFORM = "uniform "
 JOINED = " = "  # identical final candidates are timed once, under their labels joined by this
 
@@ -98,6 +121,34 @@ def _merge_equal(named: Sequence[Tuple[str, Assignment]], groups: Sequence[str])
         key = tuple(assignment[g] for g in groups)
         merged.setdefault(key, ([], assignment))[0].append(name)
     return {JOINED.join(labels): assignment for labels, assignment in merged.values()}
+
+
+def _final_check(timer: EndToEndTimer, candidates: Dict[str, Assignment], progress: bool,
+                 desc: str) -> Dict[str, Dict[str, float]]:
+    """Times every candidate round-robin, with a bar that names the one being timed."""
+    names = list(candidates)
+    rounds = timer.warmup + timer.repeats
+    bar = tqdm(total=rounds * len(names), desc=desc, unit="pass", disable=not progress, dynamic_ncols=True)
+
+    def on_pass(k: int) -> None:
+        bar.update(1)
+        bar.set_postfix(timing=names[k][:40], refresh=False)
+    timer.on_pass = on_pass
+    try:
+        stats = timer.measure_all(list(candidates.values()))
+    finally:
+        timer.on_pass = None
+        bar.close()
+    return dict(zip(names, stats))
+
+
+def _report_selected(final: Dict[str, Dict[str, float]], selected: str, progress: bool) -> None:
+    """One line after the bars: what the table will say was chosen (the search bar showed the
+    greedy picks, which the final check may overrule)."""
+    if progress:
+        stats = final[selected]
+        tqdm.write(f"selected: {selected} ({1e3 * stats['median_s']:.1f} ms); the greedy picks "
+                   f"{'are it' if 'greedy' in candidate_labels(selected) else 'measured slower in the final check'}")
 
 
 def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", binding: Optional[str] = None,
@@ -182,8 +233,9 @@ def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", bind
         named = [("default", default), ("greedy", search.assignment)]
         named += [(UNIFORM + config_name(c), u) for c, u in zip(choices, uniforms)]
         candidates = _merge_equal(named, names)
-        final = dict(zip(candidates, careful.measure_all(list(candidates.values()))))
+        final = _final_check(careful, candidates, progress, f"final check ({mode})")
         selected = min(final, key=lambda n: (final[n]["median_s"], "default" in candidate_labels(n)))
+        _report_selected(final, selected, progress)
         assignment = candidates[selected]
         before, after = group_seconds(default), group_seconds(assignment)
     finally:
