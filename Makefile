@@ -28,15 +28,20 @@ cuda-check: $(SETUP_STAMP)
 kernels:
 	$(PYTHON) tools/generate_kernels.py
 
+# Benchmarks write to a new benchmarks/out/<name>-<time>/ (git-ignored);
+# `make bench BENCH_ARGS=--publish` replaces the published benchmarks/results/ (and configs/tuned/).
+BENCH_ARGS ?=
+
 bench: $(SETUP_STAMP)
 	EXTRAS=bench bash scripts/setup.sh
-	$(PYTHON) benchmarks/conv_cpu.py
-	$(PYTHON) benchmarks/deterministic_cpu.py
+	$(PYTHON) benchmarks/conv_cpu.py $(BENCH_ARGS)
+	$(PYTHON) benchmarks/deterministic_cpu.py $(BENCH_ARGS)
 
-# Sparse Autotuner end to end (about 25 min on 2 cores); rewrites configs/tuned/*_cpu.yaml
+# Sparse Autotuner end to end (about 25 min on 2 cores); with BENCH_ARGS=--publish it rewrites
+# benchmarks/results/autotune_cpu.* and configs/tuned/*_cpu.yaml
 bench-autotune: $(SETUP_STAMP)
 	EXTRAS=bench bash scripts/setup.sh
-	$(PYTHON) benchmarks/autotune.py --bindings-study
+	$(PYTHON) benchmarks/autotune.py --bindings-study $(BENCH_ARGS)
 
 clean:
 	rm -rf build torchsparse_pp/_C*.so

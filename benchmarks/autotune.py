@@ -26,11 +26,11 @@ none tries 4^3 triples per group) and reports trials, tuning time and the final 
 --device cuda runs the same on a GPU (the design space then has gather_scatter and
 implicit_gemm; the timer synchronises): written, not yet run (no GPU so far).
 
-Writes benchmarks/results/autotune_<device>.json and .png, and the tuned files to
-configs/tuned/<model>_<mode>_<device>.yaml (--tuned-dir).
+Writes autotune_<device>.json and .png and the tuned files <model>_<mode>_<device>.yaml to a new
+benchmarks/out/autotune-<time>/ (or --out DIR); --publish writes them to benchmarks/results/ and
+configs/tuned/ (--tuned-dir overrides where the tuned files go).
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -41,7 +41,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import lidar_batch, load_average, machine_info  # noqa: E402
+from common import (add_output_arguments, lidar_batch, load_average, machine_info, output_dir,  # noqa: E402
+                    save_figure, write_json)
 
 from torchsparse_pp import SparseTensor  # noqa: E402
 from torchsparse_pp.data.synthetic import generate_scan  # noqa: E402
@@ -143,7 +144,7 @@ def plot(cases: List[Dict[str, object]], path: str) -> None:
         ax.set_title(f"{case['model']} {case['mode']}", fontsize=9)
     fig.suptitle("Sparse Autotuner, end to end (green: selected, red: greedy result)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
 
 
 def main() -> int:
@@ -161,12 +162,17 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--out", default=None, help="default: benchmarks/results/autotune_<device>")
-    parser.add_argument("--tuned-dir", default=os.path.join(ROOT, "configs", "tuned"))
+    add_output_arguments(parser, "autotune")
+    parser.add_argument("--tuned-dir", default=None,
+                        help="directory for the tuned files (default: the output directory; configs/tuned/ "
+                             "with --publish)")
     args = parser.parse_args()
-    args.out = args.out or os.path.join(ROOT, "benchmarks", "results", f"autotune_{args.device}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no CUDA device")
+    out = output_dir(args, "autotune")
+    args.tuned_dir = args.tuned_dir or (os.path.join(ROOT, "configs", "tuned") if args.publish else out)
+    os.makedirs(args.tuned_dir, exist_ok=True)
+    stem = os.path.join(out, f"autotune_{args.device}")
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -185,15 +191,13 @@ def main() -> int:
               "threads": torch.get_num_threads(), "args": vars(args), "load_average_before": load_before,
               "load_average_after": load_average(), "cases": cases, "bindings_study": study,
               "wall_seconds": time.perf_counter() - started}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out + ".json", "w") as f:
-        json.dump(report, f, indent=1, default=str)
-    plot(cases, args.out + ".png")
+    write_json(stem + ".json", report, default=str)
+    plot(cases, stem + ".png")
     for case in cases:
         print(f"{case['model']:>22} {case['mode']:<9}: tuned {case['speedup_vs_default']:.2f}x default, "
               f"{case['tuned_vs_best_uniform']:.2f}x best uniform ({case['best_uniform']}); greedy "
               f"{case['greedy_vs_best_uniform']:.2f}x best uniform; selected {case['selected']}")
-    print(f"wrote {args.out}.json / .png in {time.perf_counter() - started:.0f} s")
+    print(f"wrote {stem}.json / .png and the tuned files in {args.tuned_dir} in {time.perf_counter() - started:.0f} s")
     return 0
 
 

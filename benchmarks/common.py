@@ -1,12 +1,18 @@
-"""Shared helpers for the benchmarks: workloads, timing, thread control and machine info."""
+"""Shared helpers for the benchmarks: workloads, timing, thread control, machine info, and where
+results go (a new benchmarks/out/<name>-<time>/ unless --out; the published benchmarks/results/
+only with --publish)."""
+import argparse
 import contextlib
 import datetime
+import json
 import os
 import platform
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -181,3 +187,75 @@ def rel_max(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b| (in float64)."""
     a, b = a.double(), b.double()
     return ((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item()
+
+
+# ---------------------------------------------------------------------------------------------
+# Output directories: a run never overwrites the published results unless asked to.
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+PUBLISHED_DIR = os.path.join(BENCH_DIR, "results")   # what docs/benchmarks.md cites
+SCRATCH_DIR = os.path.join(BENCH_DIR, "out")         # git-ignored
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    """--out DIR / --publish, with help that says where the results go by default."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", default=None,
+                       help=f"directory for the results (default: a new benchmarks/out/{name}-<time>/, git-ignored)")
+    where.add_argument("--publish", action="store_true",
+                       help="write the published results in benchmarks/results/ (replacing them; not with --quick)")
+
+
+def _usage_error(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def output_dir(args: argparse.Namespace, name: str) -> str:
+    """The directory this run writes to, created and checked before any timing starts:
+    --out, benchmarks/results/ with --publish, else a new benchmarks/out/<name>-<time>/."""
+    if getattr(args, "publish", False) and getattr(args, "quick", False):
+        _usage_error("--publish with --quick: quick results are not published (leave one out)")
+    if getattr(args, "publish", False):
+        path = PUBLISHED_DIR
+    elif getattr(args, "out", None):
+        path = args.out
+    else:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        path, n = os.path.join(SCRATCH_DIR, f"{name}-{stamp}"), 1
+        while os.path.exists(path):
+            n += 1
+            path = os.path.join(SCRATCH_DIR, f"{name}-{stamp}-{n}")
+    if os.path.exists(path) and not os.path.isdir(path):
+        _usage_error(f"output directory {path!r} is a file")
+    os.makedirs(path, exist_ok=True)
+    if not os.access(path, os.W_OK):
+        _usage_error(f"cannot write in {path!r}")
+    print(f"results go to {path}", flush=True)
+    return path
+
+
+def write_atomic(path: str, write: Callable[[str], Any]) -> str:
+    """``write(tmp)`` then rename to ``path``: a result file is whole or absent, never half."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def write_json(path: str, data: Any, **kwargs) -> str:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, **kwargs)
+    return write_atomic(path, write)
+
+
+def save_figure(fig, path: str, **kwargs) -> str:
+    """fig.savefig through a temp file (the format from ``path``'s extension)."""
+    fmt = os.path.splitext(path)[1].lstrip(".") or "png"
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, format=fmt, **kwargs))

@@ -57,7 +57,6 @@ speedups; and the targets of the issue as pass / fail lines at 2 threads.
 Usage: python benchmarks/conv_cpu.py [--repeats N] [--warmup N] [--threads 1,2] [--out DIR] [--quick]
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -66,8 +65,9 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (busy_processes, coord_sort_key, gflops, interleaved_times, lidar_batch,  # noqa: E402
-                    load_average, machine_info, num_threads, rel_max, same_coord_set, sorted_rows)
+from common import (add_output_arguments, busy_processes, coord_sort_key, gflops, interleaved_times,  # noqa: E402
+                    lidar_batch, load_average, machine_info, num_threads, output_dir, rel_max, same_coord_set,
+                    save_figure, sorted_rows, write_json)
 
 from torchsparse_pp import SparseTensor, ops  # noqa: E402
 from torchsparse_pp.kmap import ConvGeometry, KernelMapCache, strided_map, submanifold_map  # noqa: E402
@@ -451,9 +451,10 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 15; 3 with --quick)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed rounds first (default 2; 1 with --quick)")
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (1 is always added)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--quick", action="store_true", help="fewer repeats and dataflow configs (development)")
+    add_output_arguments(parser, "conv_cpu")
     args = parser.parse_args(argv)
+    out = output_dir(args, "conv_cpu")
     args.repeats = args.repeats if args.repeats is not None else (3 if args.quick else 15)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     threads = sorted({1, *(int(t) for t in args.threads.split(","))})
@@ -515,12 +516,9 @@ def main(argv=None):
         "wall_seconds": None,
     }
     report["wall_seconds"] = time.perf_counter() - started
-    os.makedirs(args.out, exist_ok=True)
-    json_path = os.path.join(args.out, "conv_cpu.json")
-    with open(json_path, "w") as f:
-        json.dump(report, f, indent=1)
+    json_path = write_json(os.path.join(out, "conv_cpu.json"), report)
     print_table(report)
-    png_path = os.path.join(args.out, "conv_cpu.png")
+    png_path = os.path.join(out, "conv_cpu.png")
     plot(report, png_path)
     print(f"\nwrote {json_path} and {png_path} ({report['wall_seconds']:.0f} s)")
 
@@ -686,7 +684,7 @@ def plot(report, path):
                  f"{vox['1']} voxels at s1 — {m['cpu_model']}, torch {m['torch']}, {m['date']}, "
                  f"load avg {m['loadavg_at_start']}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

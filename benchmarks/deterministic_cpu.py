@@ -14,7 +14,6 @@ the flag on / time with it off, per dataflow.
 Usage: python benchmarks/deterministic_cpu.py [--repeats N] [--out DIR]
 """
 import argparse
-import json
 import os
 import sys
 
@@ -22,7 +21,8 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import interleaved_times, lidar_batch, machine_info, num_threads  # noqa: E402
+from common import (add_output_arguments, interleaved_times, lidar_batch, machine_info, num_threads,  # noqa: E402
+                    output_dir, save_figure, write_json)
 
 from torchsparse_pp import SparseTensor, backends  # noqa: E402
 from torchsparse_pp.kmap import ConvGeometry, KernelMapCache, strided_map  # noqa: E402
@@ -61,8 +61,9 @@ def step(x, weight, config, deterministic):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=11)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    add_output_arguments(parser, "deterministic_cpu")
     args = parser.parse_args(argv)
+    out = output_dir(args, "deterministic_cpu")
 
     coords, shape = lidar_batch(64, 0.05, [0])
     rows = []
@@ -89,10 +90,7 @@ def main(argv=None):
 
     report = {"benchmark": "deterministic_cpu", "description": __doc__, "machine": machine_info(),
               "repeats": args.repeats, "layers": rows}
-    os.makedirs(args.out, exist_ok=True)
-    json_path = os.path.join(args.out, "deterministic_cpu.json")
-    with open(json_path, "w") as f:
-        json.dump(report, f, indent=1)
+    json_path = write_json(os.path.join(out, "deterministic_cpu.json"), report)
 
     print("\nforward + backward, ms (flag off / on) and cost = on / off:")
     for row in rows:
@@ -101,7 +99,7 @@ def main(argv=None):
             cells = "; ".join(f"{flow} {s[flow + '|False'] * 1e3:.1f} / {s[flow + '|True'] * 1e3:.1f} "
                               f"({row['cost'][key][flow]:.2f}x)" for flow in CONFIGS)
             print(f"  {row['layer']} {key}: {cells}")
-    png_path = os.path.join(args.out, "deterministic_cpu.png")
+    png_path = os.path.join(out, "deterministic_cpu.png")
     plot(report, png_path)
     print(f"\nwrote {json_path} and {png_path}")
 
@@ -129,7 +127,7 @@ def plot(report, path):
                  f"{m['date']}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

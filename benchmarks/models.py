@@ -43,7 +43,6 @@ runs on CPU copies): written, not yet run.
 """
 import argparse
 import copy
-import json
 import os
 import sys
 import time
@@ -55,8 +54,8 @@ from torch import nn
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (busy_processes, interleaved_times, lidar_batch, load_average, machine_info,  # noqa: E402
-                    num_threads, same_coord_set, sorted_rows)
+from common import (add_output_arguments, busy_processes, interleaved_times, lidar_batch, load_average,  # noqa: E402
+                    machine_info, num_threads, output_dir, same_coord_set, save_figure, sorted_rows, write_json)
 
 from torchsparse_pp import SparseTensor  # noqa: E402
 from torchsparse_pp.data.synthetic import generate_scan  # noqa: E402
@@ -333,7 +332,7 @@ def main(argv=None):
     parser.add_argument("--models", default=",".join(WORKLOADS),
                         help=f"comma-separated subset of {', '.join(WORKLOADS)}")
     parser.add_argument("--quick", action="store_true", help="MinkUNet 0.5x and the backbone only, 2 rounds")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    add_output_arguments(parser, "models")
     args = parser.parse_args(argv)
     args.repeats = args.repeats if args.repeats is not None else (2 if args.quick else 7)
     args.warmup = args.warmup if args.warmup is not None else 1
@@ -387,8 +386,7 @@ def main(argv=None):
         "complete": False,
         "wall_seconds": None,
     }
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"models_{device.type}")
+    stem = os.path.join(output_dir(args, "models"), f"models_{device.type}")
     total = len(builders) * 2 * (args.repeats + args.warmup)
     with tqdm(total=total, desc="rounds", unit="round") as bar:
         for build in builders:
@@ -400,8 +398,7 @@ def main(argv=None):
                                      cuda_device=torch.cuda.get_device_name() if device.type == "cuda" else None)
             report["complete"] = len(rows) == len(builders)
             report["wall_seconds"] = time.perf_counter() - started
-            with open(stem + ".json", "w") as f:
-                json.dump(report, f, indent=1)
+            write_json(stem + ".json", report)
             plot(report, stem + ".png")
     print_table(report)
     print(f"\nwrote {stem}.json and {stem}.png ({report['wall_seconds']:.0f} s)")
@@ -456,7 +453,7 @@ def plot(report, path):
                  f"median of {report['repeats']} — {where}, torch {m['torch']}, {m['date']}, "
                  f"load avg {m['loadavg_at_start']} (hatched: spconv racy)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

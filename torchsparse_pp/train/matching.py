@@ -75,4 +75,10 @@ def apply_tuned_file(model: nn.Module, config: Config, path: Union[str, Path], s
             if strict:
                 raise TunedFileError(message + " (train.tuned_strict=false applies it anyway, with a warning)")
             warnings.warn(message, stacklevel=2)
-    return apply(model, tuned, strict=strict)
+    try:
+        return apply(model, tuned, strict=strict)
+    except TunedFileError as err:
+        if "structural hash" not in str(err):
+            raise
+        raise TunedFileError(f"{err}. To tune this config's own model: torchsparse-pp tune --config CONFIG "
+                             "--synthetic --out FILE (docs/autotune.md)") from err
