@@ -27,6 +27,13 @@ IG_SORTED2 = ConvConfig("implicit_gemm", sorted=True, split_mask_num=2)
 MIXED = PassConfigs(IG_SORTED2, FOD, GS_GROUPED)
 
 
+def native(cfg):
+    """The config as a CPU conv resolves it: the device's default backend filled in."""
+    if isinstance(cfg, PassConfigs):
+        return PassConfigs(*(native(c) for c in cfg))
+    return dataclasses.replace(cfg, backend="native")
+
+
 def short(cfg) -> str:
     """A short test id for a config."""
     if isinstance(cfg, PassConfigs):
@@ -277,10 +284,12 @@ def forward_backward(gen, config=None, module=False, feats_grad=True, weight_gra
 
 
 def ran(calls) -> dict:
-    """pass -> (dataflow, config) of each recorded call, checking each pass ran at most once."""
+    """pass -> (dataflow, config) of each recorded call, checking each pass ran at most once and
+    on the CPU's default backend (which resolution fills in; stripped so configs compare as given)."""
     passes = [c[1] for c in calls]
     assert len(passes) == len(set(passes)), f"a pass ran twice: {calls}"
-    return {p: (name, cfg) for name, p, cfg, _ in calls}
+    assert all(cfg.backend == "native" for _, _, cfg, _ in calls), calls
+    return {p: (name, dataclasses.replace(cfg, backend=None)) for name, p, cfg, _ in calls}
 
 
 @pytest.mark.parametrize("module", [False, True], ids=["conv3d", "Conv3d"])
@@ -402,7 +411,7 @@ def test_conv_without_config_follows_global_default(module, calls, gen):
     unset = "unset" if module else None
     forward_backward(gen, unset, module)
     assert {name for name, *_ in calls} == {"gather_scatter"}
-    assert all(cfg == ConvConfig() for _, _, cfg, _ in calls)
+    assert all(cfg == ConvConfig(backend="native") for _, _, cfg, _ in calls)
 
     calls.clear()
     set_default_config(FOD)
@@ -545,39 +554,49 @@ def test_deterministic_reaches_gather_scatter_kernels(monkeypatch, gen):
 # --------------------------------------------------------------------------------------------
 def test_resolve_configs_on_cpu():
     resolve = config_module.resolve_configs
-    assert resolve(FOD, "cpu") == PassConfigs.of(FOD)
-    assert resolve(MIXED, "cpu") is MIXED
-    assert resolve(None, "cpu") == PassConfigs.of(ConvConfig())
+    assert resolve(FOD, "cpu") == native(PassConfigs.of(FOD))
+    assert resolve(MIXED, "cpu") == native(MIXED)
+    assert resolve(None, "cpu") == native(PassConfigs.of(ConvConfig()))
     with default_config(IG):
-        assert resolve(None, "cpu") == PassConfigs.of(IG)
-        assert resolve(FOD, "cpu") == PassConfigs.of(FOD)
+        assert resolve(None, "cpu") == native(PassConfigs.of(IG))
+        assert resolve(FOD, "cpu") == native(PassConfigs.of(FOD))
     with pytest.raises(TypeError):
         resolve("gather_scatter", "cpu")
 
 
+def on_native(cfg):
+    if isinstance(cfg, PassConfigs):
+        return PassConfigs(*(on_native(c) for c in cfg))
+    return dataclasses.replace(cfg, backend="native")
+
+
 @pytest.mark.parametrize("config", [GS, GS_GROUPED, FOD, IG, IG_SORTED2], ids=short)
-def test_resolve_configs_on_cuda_raises(config):
-    with pytest.raises(NotImplementedError,
-                       match=rf"dataflow '{config.dataflow}' \(forward pass\) is not implemented on cuda"):
-        config_module.resolve_configs(config, "cuda")
+def test_resolve_native_configs_on_cuda_without_cuda_build_raises(config, monkeypatch):
+    monkeypatch.delitem(config_module.IMPLEMENTED, "cuda", raising=False)
+    with pytest.raises(NotImplementedError, match=rf"dataflow '{config.dataflow}' \(forward pass\) is not "
+                                                  r"implemented on cuda with the native backend"):
+        config_module.resolve_configs(on_native(config), "cuda")
 
 
-def test_resolve_configs_on_cuda_names_the_failing_pass(monkeypatch):
+def test_resolve_native_configs_on_cuda_names_the_failing_pass(monkeypatch):
+    monkeypatch.delitem(config_module.IMPLEMENTED, "cuda", raising=False)
     with pytest.raises(NotImplementedError, match=r"dataflow 'implicit_gemm' \(forward pass\).*cuda"):
-        config_module.resolve_configs(MIXED, "cuda")
-    with pytest.raises(NotImplementedError, match=r"dataflow 'gather_scatter' \(forward pass\)"):
-        config_module.resolve_configs(None, "cuda")  # the global default is checked too
+        config_module.resolve_configs(on_native(MIXED), "cuda")
+    with default_config(on_native(GS)):
+        with pytest.raises(NotImplementedError, match=r"dataflow 'gather_scatter' \(forward pass\)"):
+            config_module.resolve_configs(None, "cuda")  # the global default is checked too
     # With some dataflows available the message names the first pass that has none.
     monkeypatch.setitem(config_module.IMPLEMENTED, "cuda", ("implicit_gemm",))
     with pytest.raises(NotImplementedError,
-                       match=r"dataflow 'fetch_on_demand' \(dgrad pass\) is not implemented on cuda yet; "
-                             r"available there: implicit_gemm"):
-        config_module.resolve_configs(MIXED, "cuda")
+                       match=r"dataflow 'fetch_on_demand' \(dgrad pass\) is not implemented on cuda with the "
+                             r"native backend; available there: implicit_gemm"):
+        config_module.resolve_configs(on_native(MIXED), "cuda")
     with pytest.raises(NotImplementedError, match=r"dataflow 'gather_scatter' \(wgrad pass\)"):
-        config_module.resolve_configs((IG, IG_SORTED2, GS), "cuda")
-    assert config_module.resolve_configs(PassConfigs.of(IG_SORTED2), "cuda") == PassConfigs.of(IG_SORTED2)
+        config_module.resolve_configs(on_native(PassConfigs(IG, IG_SORTED2, GS)), "cuda")
+    sorted2 = on_native(PassConfigs.of(IG_SORTED2))
+    assert config_module.resolve_configs(sorted2, "cuda") == sorted2
 
 
 def test_resolve_configs_on_unknown_device():
-    with pytest.raises(NotImplementedError, match=r"has no mps kernels in this build"):
+    with pytest.raises(NotImplementedError, match=r"has no native mps kernels in this build"):
         config_module.resolve_configs(GS, "mps")

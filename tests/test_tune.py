@@ -38,7 +38,7 @@ from torchsparse_pp.tune.space import config_from_dict, config_to_dict
 config_module = importlib.import_module("torchsparse_pp.nn.functional.config")
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT = PassConfigs.of(ConvConfig())  # the library default: gather_scatter for every pass
+DEFAULT = PassConfigs.of(ConvConfig(backend="native"))  # the library default on the CPU: native gather_scatter for every pass
 PASSES = ("forward", "dgrad", "wgrad")
 
 
@@ -240,9 +240,10 @@ def test_tiny_model_groups():
 # --------------------------------------------------------------------------------------------
 def test_design_space(monkeypatch):
     space = design_space("cpu")
+    assert {c.backend for c in space} == {"native"}  # Triton on CPU tensors is interpreter-only
     for dataflow, grid in DESIGN_SPACE:
         for params in grid:
-            assert ConvConfig(dataflow, **params) in space
+            assert ConvConfig(dataflow, backend="native", **params) in space
     assert {c.dataflow for c in space} == {"gather_scatter", "fetch_on_demand", "implicit_gemm"}
     gemm = {(c.sorted, c.split_mask_num) for c in space if c.dataflow == "implicit_gemm"}
     assert gemm == {(False, 0), (True, 1), (True, 2), (True, 3), (True, 4)}
@@ -272,7 +273,7 @@ def test_design_space(monkeypatch):
     only = design_space("cpu")
     assert only and {c.dataflow for c in only} == {"gather_scatter"}
     assert len(only) == len(dict(DESIGN_SPACE)["gather_scatter"])
-    assert design_space("cpu", "compact") == [ConvConfig("gather_scatter")]
+    assert design_space("cpu", "compact") == [ConvConfig("gather_scatter", backend="native")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -367,7 +368,7 @@ def test_greedy_search_order_non_additive():
     result = greedy_search(uniform(groups, DEFAULT), [(g, slots("inference", None, space)) for g in groups],
                            evaluate, progress=False)
     # The greedy definition, spelt out: positions chosen one by one, the rest at the start (index 0).
-    chosen = [index[ConvConfig()]] * len(groups)
+    chosen = [index[ConvConfig(backend="native")]] * len(groups)
     for k in range(len(groups)):
         chosen[k] = min(range(n), key=lambda i: (cost({g: PassConfigs.of(space[i if j == k else chosen[j]])
                                                        for j, g in enumerate(groups)}), i))
@@ -381,7 +382,7 @@ def test_greedy_search_order_non_additive():
 
     # A hand-made case where greedy is not the global optimum: (a, b) costs, start (0, 0).
     cost2 = {(0, 0): 10.0, (1, 0): 9.0, (0, 1): 1.0, (1, 1): 8.0}
-    two = [ConvConfig(), ConvConfig("fetch_on_demand")]
+    two = [ConvConfig(backend="native"), ConvConfig("fetch_on_demand", backend="native")]
     ev = CountingEvaluate(lambda a: cost2[(two.index(a["a"].forward), two.index(a["b"].forward))])
     res = greedy_search(uniform(["a", "b"], DEFAULT), [(g, slots("inference", None, two)) for g in "ab"], ev,
                         progress=False)
@@ -390,7 +391,8 @@ def test_greedy_search_order_non_additive():
 
 
 def test_greedy_search_min_gain():
-    space = [ConvConfig(), ConvConfig("fetch_on_demand"), ConvConfig("implicit_gemm")]
+    space = [ConvConfig(backend="native"), ConvConfig("fetch_on_demand", backend="native"),
+             ConvConfig("implicit_gemm", backend="native")]
     start = uniform(["g0"], DEFAULT)
     per_group = [("g0", slots("inference", None, space))]
 

@@ -1,4 +1,5 @@
-"""Which dataflow a convolution runs, with its parameters, per pass (forward, dgrad, wgrad).
+"""Which dataflow a convolution runs, with its parameters and backend, per pass (forward, dgrad,
+wgrad).
 
 A ConvConfig is a frozen value. Each conv resolves its configs in this order: the ``config``
 argument (or ``Conv3d.config``), else the global default (``set_default_config`` /
@@ -8,17 +9,32 @@ as a ``PassConfigs`` / 3-tuple ``(forward, dgrad, wgrad)``.
 import contextlib
 import contextvars
 from dataclasses import dataclass
+from dataclasses import replace
 from typing import Optional, Sequence, Union
 
 import torch
 
+from ...ops.triton import runtime as triton_runtime
+from ...ops.triton.tiles import check_tile_name
+
 DATAFLOWS = ("gather_scatter", "fetch_on_demand", "implicit_gemm")
 CUDA_DATAFLOWS = ("gather_scatter", "implicit_gemm")
+BACKENDS = ("native", "triton")
 
-# Dataflows that have kernels, per device type; CUDA ones only when this build compiled them.
+# Dataflows that have native kernels, per device type; CUDA ones only when this build compiled them.
 IMPLEMENTED = {"cpu": DATAFLOWS}
 if torch.ops.torchsparse_pp.cuda_built():
     IMPLEMENTED["cuda"] = CUDA_DATAFLOWS
+# Dataflows with Triton kernels: GPUs (CUDA and ROCm tensors), and CPU tensors under the interpreter.
+TRITON_DATAFLOWS = DATAFLOWS
+TRITON_DEVICES = ("cuda", "cpu")
+# The backend a config without one runs on, per device type. CUDA: Triton, whose kernels CI
+# proves under the interpreter, until the native CUDA kernels have a recorded green device run
+# (docs/gpu.md).
+DEFAULT_BACKEND = {"cpu": "native", "cuda": "triton"}
+# Dataflows whose Triton kernels take a tile (torchsparse_pp.ops.triton.tiles); gather_scatter's
+# GEMMs are torch's.
+TILED_DATAFLOWS = ("fetch_on_demand", "implicit_gemm")
 
 # Parameters each dataflow takes; the others must stay unset.
 PARAMETERS = {
@@ -41,17 +57,33 @@ class ConvConfig:
       ``split_mask_num >= 1`` (default 1) ranges of offsets. A kernel with fewer offsets than
       splits uses one split per offset.
 
-    Setting a parameter of another dataflow, or an inconsistent pair, raises ValueError.
+    ``backend``: "native" (the compiled C++ / CUDA kernels), "triton" (the Triton kernels; on CPU
+    tensors only under ``TRITON_INTERPRET=1``), or None for the device's default
+    (``DEFAULT_BACKEND``). Every parameter means the same under both. ``tile`` names a Triton tile
+    (``torchsparse_pp.ops.triton.tiles.TILES``) for fetch_on_demand and implicit_gemm with
+    backend "triton"; None picks one from the channel counts.
+
+    Setting a parameter of another dataflow or backend, or an inconsistent pair, raises ValueError.
     """
     dataflow: str = "gather_scatter"
     sorted: Optional[bool] = None
     split_mask_num: Optional[int] = None
     epsilon: Optional[float] = None
     mm_thresh: Optional[int] = None
+    backend: Optional[str] = None
+    tile: Optional[str] = None
 
     def __post_init__(self):
         if self.dataflow not in DATAFLOWS:
             raise ValueError(f"unknown dataflow {self.dataflow!r}; expected one of {DATAFLOWS}")
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; expected one of {BACKENDS} (or None for the "
+                             "device's default)")
+        if self.tile is not None:
+            if self.backend != "triton" or self.dataflow not in TILED_DATAFLOWS:
+                raise ValueError(f"tile applies to backend='triton' with the {' or '.join(TILED_DATAFLOWS)} dataflow, "
+                                 f"got backend={self.backend!r}, dataflow={self.dataflow!r}")
+            check_tile_name(self.tile)
         allowed = PARAMETERS[self.dataflow]
         for name in ("sorted", "split_mask_num", "epsilon", "mm_thresh"):
             if name not in allowed and getattr(self, name) is not None:
@@ -133,14 +165,27 @@ def default_config(config: ConfigLike):
         _default.reset(token)
 
 
+def available_dataflows(device_type: str, backend: str):
+    """Dataflows with kernels for ``device_type`` under ``backend``."""
+    if backend == "triton":
+        return TRITON_DATAFLOWS if device_type in TRITON_DEVICES else ()
+    return IMPLEMENTED.get(device_type, ())
+
+
 def resolve_configs(config: Optional[ConfigLike], device_type: str) -> PassConfigs:
-    """The configs a conv runs with on ``device_type``; unimplemented dataflows raise, never fall back."""
+    """The configs a conv runs with on ``device_type``, each with its backend filled in;
+    unimplemented dataflows raise, never fall back."""
     configs = get_default_config() if config is None else PassConfigs.of(config)
-    available = IMPLEMENTED.get(device_type, ())
+    resolved = []
     for name, cfg in zip(("forward", "dgrad", "wgrad"), configs):
+        backend = cfg.backend or DEFAULT_BACKEND.get(device_type, "native")
+        available = available_dataflows(device_type, backend)
         if cfg.dataflow not in available:
             raise NotImplementedError(
-                f"dataflow {cfg.dataflow!r} ({name} pass) is not implemented on {device_type} yet"
-                + (f"; available there: {', '.join(available)}" if available
-                   else f"; torchsparse_pp has no {device_type} kernels in this build"))
-    return configs
+                f"dataflow {cfg.dataflow!r} ({name} pass) is not implemented on {device_type} with the {backend} "
+                f"backend" + (f"; available there: {', '.join(available)}" if available
+                              else f"; torchsparse_pp has no {backend} {device_type} kernels in this build"))
+        if backend == "triton":
+            triton_runtime.require(torch.device(device_type))
+        resolved.append(cfg if cfg.backend == backend else replace(cfg, backend=backend))
+    return PassConfigs(*resolved)

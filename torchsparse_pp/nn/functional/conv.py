@@ -15,8 +15,11 @@ from ...tensor import SparseTensor
 from .config import ConfigLike, PassConfigs, resolve_configs
 from .dataflows import OrientedMap, SparseConvFunction
 
-SUPPORTED_DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16),
-                    "cuda": (torch.float32, torch.float64, torch.float16, torch.bfloat16)}
+# Per (device type, backend); the Triton kernels take the same dtypes on every device.
+SUPPORTED_DTYPES = {("cpu", "native"): (torch.float32, torch.float64, torch.bfloat16),
+                    ("cuda", "native"): (torch.float32, torch.float64, torch.float16, torch.bfloat16),
+                    ("cpu", "triton"): (torch.float32, torch.float64, torch.float16, torch.bfloat16),
+                    ("cuda", "triton"): (torch.float32, torch.float64, torch.float16, torch.bfloat16)}
 
 
 def _check_operands(input: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -38,16 +41,17 @@ def _check_operands(input: SparseTensor, weight: torch.Tensor, bias: Optional[to
         raise ValueError(f"bias must have shape [{weight.shape[2]}], got {list(bias.shape)}")
 
 
-def _cast_operands(feats: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
+def _cast_operands(feats: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], configs: PassConfigs):
     device_type = feats.device.type
     if torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)
         feats, weight = feats.to(dtype), weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
-    supported = SUPPORTED_DTYPES.get(device_type, ())
-    if feats.dtype not in supported:
-        raise TypeError(f"sparse conv on {device_type} supports {[str(d) for d in supported]}, "
-                        f"got {feats.dtype}")
+    for backend in sorted({cfg.backend for cfg in configs}):
+        supported = SUPPORTED_DTYPES.get((device_type, backend), ())
+        if feats.dtype not in supported:
+            raise TypeError(f"sparse conv on {device_type} with the {backend} backend supports "
+                            f"{[str(d) for d in supported]}, got {feats.dtype}")
     if weight.dtype != feats.dtype:
         raise TypeError(f"weight dtype {weight.dtype} does not match input dtype {feats.dtype}")
     return feats, weight, bias
@@ -86,7 +90,7 @@ def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size: IntOr3,
         raise ValueError("generative=True needs transposed=True (it is a generative transposed conv)")
     _check_operands(input, weight, bias, geometry)
     configs = resolve_configs(config, input.device.type)
-    feats, weight, bias = _cast_operands(input.F, weight, bias)
+    feats, weight, bias = _cast_operands(input.F, weight, bias, configs)
     cache, coords = input.cache, input.C
     stride_out, range_out = input.s, input.spatial_range
 

@@ -1,0 +1,16 @@
+"""Triton kernels of the three dataflows, one module per dataflow (mirroring csrc/cuda).
+
+Importing this package does not import triton: ``load(name)`` imports a kernel module on first
+use, after ``runtime.require`` has checked that triton can run on the tensors' device (on CPU
+tensors only under the Triton interpreter, ``TRITON_INTERPRET=1``).
+"""
+import importlib
+
+KERNEL_MODULES = ("fetch_on_demand", "implicit_gemm", "gather_scatter")
+
+
+def load(name: str):
+    """The kernel module ``name`` (one of KERNEL_MODULES), imported on first use."""
+    if name not in KERNEL_MODULES:
+        raise ValueError(f"unknown Triton kernel module {name!r}; expected one of {KERNEL_MODULES}")
+    return importlib.import_module(f"{__name__}.{name}")

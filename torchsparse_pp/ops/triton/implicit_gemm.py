@@ -1,0 +1,175 @@
+"""implicit_gemm in Triton: output-stationary tiles over the neighbour table, following the
+same plans as the native path (kmap_plan: offset splits, bitmask-sorted row order, per-tile
+OR-reduced offset masks).
+
+Forward / dgrad: a program owns BLOCK_M row slots of one split (rows in plan order when sorted)
+and BLOCK_N output channels. It ORs the masks of the plan tiles under its slots and walks only
+the offsets some of its rows have: gather the rows' neighbours through the table (missing
+neighbours masked), tl.dot with W[k], accumulate in float32. One split writes the output
+directly; several write float32 partial buffers that are summed in split order.
+
+wgrad: a program owns one offset, a (C_in, C_out) tile and a chunk of row slots; it walks the
+chunk BLOCK_K slots at a time, skipping plan tiles whose mask lacks the offset, and sums
+feats[table[r, k]]^T grad[r]. Chunks add into dW with atomics; one chunk per offset
+(deterministic mode) leaves a single writer per element.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from . import runtime
+from .common import gathered_dot, gathered_dot_t
+from .tiles import choose_tile, choose_wgrad_tile
+
+runtime.mark_defined()
+
+# The plan the Triton kernels read (the native CUDA path's): 64-row plan tiles, one global sort.
+PLAN_TILE_ROWS = 64
+PLAN_SORT_WINDOW = 0
+
+
+@triton.jit
+def ig_forward_kernel(feats_ptr, w_ptr, out_ptr, table_ptr, order_ptr, masks_ptr, bounds_ptr,
+                      num_dst, num_offsets, num_tiles, num_words, plan_tile_rows, order_stride, split_stride,
+                      c_src, c_dst, stride_f, stride_o,
+                      SORTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    split = tl.program_id(2)
+    slot0 = tl.program_id(0) * BLOCK_M
+    slots = slot0 + tl.arange(0, BLOCK_M)
+    if SORTED:
+        rows = tl.load(order_ptr + split * order_stride + slots, mask=slots < num_dst, other=-1)
+    else:
+        rows = tl.where(slots < num_dst, slots, -1)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc_type: tl.constexpr = tl.float64 if feats_ptr.dtype.element_ty == tl.float64 else tl.float32
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=acc_type)
+    first_tile = slot0 // plan_tile_rows
+    last_tile = tl.minimum(num_tiles - 1, (slot0 + BLOCK_M - 1) // plan_tile_rows)
+    split_masks = masks_ptr + split * num_tiles * num_words
+    table_rows = table_ptr + rows.to(tl.int64) * num_offsets
+    k_begin = tl.load(bounds_ptr + split).to(tl.int32)
+    k_end = tl.load(bounds_ptr + split + 1).to(tl.int32)
+    for k in range(k_begin, k_end):
+        word = (k - k_begin) // 64
+        present = tl.load(split_masks + first_tile * num_words + word)
+        for t in range(first_tile + 1, last_tile + 1):
+            present |= tl.load(split_masks + t * num_words + word)
+        if ((present >> ((k - k_begin) % 64).to(tl.int64)) & 1) != 0:
+            src = tl.load(table_rows + k, mask=rows >= 0, other=-1)
+            acc = gathered_dot(acc, feats_ptr, src, stride_f, c_src, w_ptr + k * c_src * c_dst, cols,
+                               c_dst, BLOCK_K, PRECISION, UPCAST)
+    out_rows = out_ptr + split.to(tl.int64) * split_stride + rows.to(tl.int64) * stride_o
+    tl.store(out_rows[:, None] + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(rows >= 0)[:, None] & (cols < c_dst)[None, :])
+
+
+@triton.jit
+def ig_wgrad_kernel(feats_ptr, grad_ptr, dw_ptr, table_ptr, order_ptr, masks_ptr, bounds_ptr, split_of_offset_ptr,
+                    num_rows, num_offsets, num_tiles, num_words, plan_tile_rows, order_stride, chunks,
+                    slots_per_chunk, c_in, c_out, stride_f, stride_g,
+                    SORTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    job = tl.program_id(0)
+    k = job // chunks
+    chunk = job % chunks
+    split = tl.load(split_of_offset_ptr + k)
+    bit = (k - tl.load(bounds_ptr + split)).to(tl.int32)
+    split_masks = masks_ptr + split * num_tiles * num_words + bit // 64
+    in_ch = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    out_ch = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=dw_ptr.dtype.element_ty)
+    slot_begin = chunk * slots_per_chunk
+    slot_end = tl.minimum(num_rows, slot_begin + slots_per_chunk)
+    # BLOCK_K divides plan_tile_rows, so a step never straddles two plan tiles.
+    for slot0 in range(slot_begin, slot_end, BLOCK_K):
+        present = tl.load(split_masks + (slot0 // plan_tile_rows) * num_words)
+        if ((present >> (bit % 64).to(tl.int64)) & 1) != 0:
+            slots = slot0 + tl.arange(0, BLOCK_K)
+            if SORTED:
+                rows = tl.load(order_ptr + split * order_stride + slots, mask=slots < slot_end, other=-1)
+            else:
+                rows = tl.where(slots < slot_end, slots, -1)
+            src = tl.load(table_ptr + rows.to(tl.int64) * num_offsets + k, mask=rows >= 0, other=-1)
+            acc = gathered_dot_t(acc, feats_ptr, src, stride_f, in_ch, c_in, grad_ptr, rows, stride_g, out_ch, c_out,
+                                 PRECISION, UPCAST)
+    tl.atomic_add(dw_ptr + k.to(tl.int64) * c_in * c_out + in_ch[:, None] * c_out + out_ch[None, :], acc,
+                  mask=(in_ch < c_in)[:, None] & (out_ch < c_out)[None, :])
+
+
+def _launch_options(tile, feats, allow_tf32, is_sorted):
+    return dict(SORTED=is_sorted, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                PRECISION=runtime.dot_precision(feats.dtype, allow_tf32), UPCAST=runtime.upcast_dot(feats.dtype),
+                num_warps=tile.num_warps, num_stages=tile.num_stages)
+
+
+def _check_plan(table, bounds, order, tile_masks, tile_rows):
+    splits = bounds.shape[0] - 1
+    if tile_masks.dim() != 3 or tile_masks.shape[0] != splits:
+        raise ValueError(f"tile_masks must be [splits={splits}, tiles, words], got {list(tile_masks.shape)}")
+    if order.numel() and (order.dim() != 2 or order.shape[0] != splits):
+        raise ValueError(f"order must be empty or [splits={splits}, rows], got {list(order.shape)}")
+    if tile_rows <= 0:
+        raise ValueError(f"tile_rows must be positive, got {tile_rows}")
+    if table.dim() != 2:
+        raise ValueError(f"the table must be [rows, K], got {list(table.shape)}")
+
+
+def forward(feats, weight, table, num_dst, transpose_weight, bounds, order, tile_masks, tile_rows, tile=None,
+            allow_tf32=False):
+    """``out[r] = sum_k feats[table[r, k]] @ W[k]`` (``W[k]^T`` with ``transpose_weight``)."""
+    runtime.check_operands(feats, weight)
+    _check_plan(table, bounds, order, tile_masks, tile_rows)
+    feats = feats.contiguous()
+    w = (weight.transpose(1, 2) if transpose_weight else weight).contiguous()
+    volume, c_src, c_dst = w.shape
+    splits, is_sorted = bounds.shape[0] - 1, order.numel() > 0
+    if splits == 1:
+        out = torch.empty(num_dst, c_dst, dtype=feats.dtype, device=feats.device)
+    else:
+        out = torch.empty(splits, num_dst, c_dst, dtype=runtime.accumulator_dtype(feats.dtype), device=feats.device)
+    if num_dst and c_dst:
+        t = choose_tile(tile, num_dst, c_src, c_dst, feats.dtype)
+        grid = (triton.cdiv(num_dst, t.block_m), triton.cdiv(c_dst, t.block_n), splits)
+        ig_forward_kernel[grid](feats, w, out, table, order if is_sorted else table, tile_masks, bounds, num_dst,
+                                volume, tile_masks.shape[1], tile_masks.shape[2], tile_rows,
+                                order.shape[1] if is_sorted else 0, num_dst * c_dst, c_src, c_dst,
+                                feats.stride(0), c_dst, **_launch_options(t, feats, allow_tf32, is_sorted))
+    elif splits > 1:
+        out.zero_()
+    return out if splits == 1 else out.sum(0).to(feats.dtype)
+
+
+def wgrad_chunks(num_rows, volume, channel_tiles, tile_rows, deterministic):
+    """(chunks per offset, row slots per chunk): a multiple of the plan tile, enough programs
+    to fill a large GPU, each summing >= 512 rows; one chunk in deterministic mode."""
+    whole = triton.cdiv(max(num_rows, 1), tile_rows) * tile_rows
+    if deterministic:
+        return 1, whole
+    chunks = max(1, min(64, num_rows // 512, 1024 // max(1, volume * channel_tiles)))
+    per_chunk = triton.cdiv(triton.cdiv(whole, chunks), tile_rows) * tile_rows
+    return triton.cdiv(whole, per_chunk), per_chunk
+
+
+def wgrad(feats, grad, table, bounds, order, tile_masks, tile_rows, tile=None, allow_tf32=False,
+          deterministic=False):
+    """``dW[k] = sum_r feats[table[r, k]]^T grad[r]``, ``[K, C_in, C_out]``."""
+    runtime.check_operands(feats, grad)
+    _check_plan(table, bounds, order, tile_masks, tile_rows)
+    feats, grad = feats.contiguous(), grad.contiguous()
+    volume, c_in, c_out, num_rows = table.shape[1], feats.shape[1], grad.shape[1], grad.shape[0]
+    is_sorted = order.numel() > 0
+    dw = torch.zeros(volume, c_in, c_out, dtype=runtime.accumulator_dtype(feats.dtype), device=feats.device)
+    if num_rows and c_in and c_out:
+        t = choose_wgrad_tile(tile, c_in, c_out, feats.dtype)
+        if tile_rows % t.block_k:
+            raise ValueError(f"the plan's tile_rows ({tile_rows}) must be a multiple of the tile's BLOCK_K "
+                             f"({t.block_k})")
+        grid_c = (triton.cdiv(c_in, t.block_m), triton.cdiv(c_out, t.block_n))
+        chunks, per_chunk = wgrad_chunks(num_rows, volume, grid_c[0] * grid_c[1], tile_rows, deterministic)
+        split_of_offset = torch.bucketize(torch.arange(volume, device=bounds.device), bounds[1:], right=True)
+        ig_wgrad_kernel[(volume * chunks, *grid_c)](
+            feats, grad, dw, table, order if is_sorted else table, tile_masks, bounds, split_of_offset, num_rows, volume,
+            tile_masks.shape[1], tile_masks.shape[2], tile_rows, order.shape[1] if is_sorted else 0, chunks, per_chunk,
+            c_in, c_out, feats.stride(0), grad.stride(0), **_launch_options(t, feats, allow_tf32, is_sorted))
+    return dw.to(feats.dtype)
