@@ -10,6 +10,13 @@ by fixed-order chunk sums (see docs/benchmarks.md for what that costs).
 cores (10-bit mantissa products, float32 sums; relative error near 3e-4). When False, float32
 runs exact SIMT kernels. CPU kernels are exact either way. gather_scatter's GEMMs go through
 ATen and follow ``torch.backends.cuda.matmul.allow_tf32`` instead.
+
+``kmap_backend`` (default None): who builds kernel maps and their views (pairs, transposed
+table, implicit-GEMM plans). "native": the compiled ops (csrc/cpu, csrc/cuda); "torch": the
+same maps in plain torch tensor ops (torchsparse_pp.kmap.torch_ops), which run on any device;
+None picks per device: "native" on the CPU, "torch" elsewhere (CUDA included, because the
+native CUDA map builders have not yet run on a GPU). Both give identical maps. A map remembers
+the backend that built it, and its views use the same one.
 """
 import sys
 import types
@@ -21,9 +28,19 @@ def _check_bool(name: str, value) -> bool:
     return value
 
 
+KMAP_BACKENDS = ("native", "torch")
+
+
+def _check_kmap_backend(value):
+    if value is not None and (not isinstance(value, str) or value not in KMAP_BACKENDS):
+        raise ValueError(f"torchsparse_pp.backends.kmap_backend must be None, 'native' or 'torch', got {value!r}")
+    return value
+
+
 class _Backends(types.ModuleType):
     _deterministic = False
     _allow_tf32 = False
+    _kmap_backend = None
 
     @property
     def deterministic(self) -> bool:
@@ -40,6 +57,14 @@ class _Backends(types.ModuleType):
     @allow_tf32.setter
     def allow_tf32(self, value: bool) -> None:
         self._allow_tf32 = _check_bool("allow_tf32", value)
+
+    @property
+    def kmap_backend(self):
+        return self._kmap_backend
+
+    @kmap_backend.setter
+    def kmap_backend(self, value) -> None:
+        self._kmap_backend = _check_kmap_backend(value)
 
 
 sys.modules[__name__].__class__ = _Backends

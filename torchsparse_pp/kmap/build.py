@@ -8,8 +8,8 @@ from typing import Optional
 
 import torch
 
-from .. import ops
 from .cache import KernelMapCache, KernelMapKey
+from .dispatch import kmap_backend_for, kmap_ops
 from .geometry import ConvGeometry, Triple
 from .kernel_map import OUT_IN_ROW_PADDING, KernelMap
 
@@ -28,11 +28,12 @@ def submanifold_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvG
     """Q = P: outputs sit on the input coordinates (built by sort and merge)."""
 
     def build() -> KernelMap:
+        backend = kmap_backend_for(coords.device)
         started = time.perf_counter()
-        out_in = ops.kmap_submanifold(coords, geometry.kernel_size, geometry.dilation, geometry.padding,
-                                      OUT_IN_ROW_PADDING)
+        out_in = kmap_ops(backend).kmap_submanifold(coords, geometry.kernel_size, geometry.dilation,
+                                                    geometry.padding, OUT_IN_ROW_PADDING)
         return KernelMap(coords, coords, geometry, "submanifold", out_in, spatial_range, spatial_range,
-                         _elapsed(started, out_in))
+                         _elapsed(started, out_in), backend)
 
     key = KernelMapKey(cache.token(coords), geometry, "submanifold", spatial_range)
     return cache.kernel_map(key, build)
@@ -46,6 +47,7 @@ def strided_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGeome
         raise ValueError(f"downsample mode must be one of {DOWNSAMPLE_MODES}, got {mode!r}")
 
     def build() -> KernelMap:
+        backend = kmap_backend_for(coords.device)
         started = time.perf_counter()
         clip = None
         if spatial_range is None:
@@ -57,9 +59,10 @@ def strided_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGeome
             if min(out_range) < 1:
                 raise ValueError(f"spatial_range {spatial_range} is smaller than the kernel extent: "
                                  f"the dense output size would be {out_range}")
-        out_coords, out_in = ops.kmap_downsample(coords, *geometry.args(), mode, clip, OUT_IN_ROW_PADDING)
+        out_coords, out_in = kmap_ops(backend).kmap_downsample(coords, *geometry.args(), mode, clip,
+                                                               OUT_IN_ROW_PADDING)
         return KernelMap(coords, out_coords, geometry, mode, out_in, spatial_range, out_range,
-                         _elapsed(started, out_in))
+                         _elapsed(started, out_in), backend)
 
     key = KernelMapKey(cache.token(coords), geometry, mode, spatial_range)
     return cache.kernel_map(key, build)
@@ -72,13 +75,14 @@ def generative_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGe
     from that fine set (its input side) to P (its output side) and is used transposed."""
 
     def build() -> KernelMap:
+        backend = kmap_backend_for(coords.device)
         started = time.perf_counter()
         fine_range = None if spatial_range is None else geometry.transposed_output_size(spatial_range)
         if fine_range is not None and min(fine_range) < 1:
             raise ValueError(f"spatial_range {spatial_range} gives an empty transposed output {fine_range}")
-        fine, out_in = ops.kmap_generative(coords, *geometry.args(), fine_range, OUT_IN_ROW_PADDING)
+        fine, out_in = kmap_ops(backend).kmap_generative(coords, *geometry.args(), fine_range, OUT_IN_ROW_PADDING)
         return KernelMap(fine, coords, geometry, "generative", out_in, fine_range, spatial_range,
-                         _elapsed(started, out_in))
+                         _elapsed(started, out_in), backend)
 
     key = KernelMapKey(cache.token(coords), geometry, "generative", spatial_range)
     return cache.kernel_map(key, build)

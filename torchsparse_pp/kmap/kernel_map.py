@@ -4,7 +4,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .. import ops
+from .dispatch import kmap_backend_for, kmap_ops
 from .geometry import ConvGeometry, Triple
 
 # out_in rows are padded to this multiple (the largest CTA tile) so tiled kernels skip bounds checks.
@@ -31,11 +31,14 @@ class KernelMap:
     ``mode`` says how Q was made: 'submanifold' (Q = P), 'spconv', 'minkowski' (strided output
     sets) or 'generative' (P is the generated fine set, Q the coarse input of a generative
     transposed conv). Transposed convs use the map with inputs and outputs swapped.
+
+    ``backend`` names the kernel-map implementation that built it ('native' or 'torch'; None
+    asks ``backends.kmap_backend`` for out_in's device); its views are built by the same one.
     """
 
     def __init__(self, in_coords: torch.Tensor, out_coords: torch.Tensor, geometry: ConvGeometry,
                  mode: str, out_in: torch.Tensor, in_range: Optional[Triple],
-                 out_range: Optional[Triple], build_seconds: float):
+                 out_range: Optional[Triple], build_seconds: float, backend: Optional[str] = None):
         self.in_coords = in_coords
         self.out_coords = out_coords
         self.geometry = geometry
@@ -44,9 +47,16 @@ class KernelMap:
         self.in_range = in_range
         self.out_range = out_range
         self.build_seconds = build_seconds
+        self.backend = kmap_backend_for(out_in.device) if backend is None else backend
+        kmap_ops(self.backend)  # rejects an unknown name now rather than at the first view
         self._pairs: Dict[str, PairsView] = {}
         self._in_out: Optional[torch.Tensor] = None
         self._plans: Dict[Tuple[str, int, int, int], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def _ops(self):
+        """The ops of the backend that built this map (its views come from them too)."""
+        return kmap_ops(self.backend)
 
     @property
     def num_in(self) -> int:
@@ -65,10 +75,10 @@ class KernelMap:
         """The same pairs, sorted within each offset by output row ('out') or input row ('in')."""
         if side not in self._pairs:
             if side == "out":
-                self._pairs[side] = PairsView(*ops.kmap_pairs(self.out_in, self.num_in, self.num_out))
+                self._pairs[side] = PairsView(*self._ops.kmap_pairs(self.out_in, self.num_in, self.num_out))
             elif side == "in":
                 # Pairs of the transposed table come sorted by input; swap back to map roles.
-                outs, ins, offsets, identity = ops.kmap_pairs(self.in_out, self.num_out, self.num_in)
+                outs, ins, offsets, identity = self._ops.kmap_pairs(self.in_out, self.num_out, self.num_in)
                 self._pairs[side] = PairsView(ins, outs, offsets, identity)
             else:
                 raise ValueError(f"side must be 'out' or 'in', got {side!r}")
@@ -79,7 +89,7 @@ class KernelMap:
         """Output-stationary view of the transposed map: ``in_out[p, k]`` = the output that reads
         input p through offset k (-1 if none), rows padded like ``out_in``."""
         if self._in_out is None:
-            self._in_out = ops.kmap_transpose(self.out_in, self.num_out, self.num_in, OUT_IN_ROW_PADDING)
+            self._in_out = self._ops.kmap_transpose(self.out_in, self.num_out, self.num_in, OUT_IN_ROW_PADDING)
         return self._in_out
 
     def table(self, side: str) -> torch.Tensor:
@@ -93,10 +103,10 @@ class KernelMap:
         key = (side, split_mask_num, tile_rows, sort_window)
         if key not in self._plans:
             rows = self.num_out if side == "out" else self.num_in
-            self._plans[key] = ops.kmap_plan(self.table(side), rows, split_mask_num, tile_rows, sort_window)
+            self._plans[key] = self._ops.kmap_plan(self.table(side), rows, split_mask_num, tile_rows, sort_window)
         return self._plans[key]
 
     def __repr__(self) -> str:
         g = self.geometry
         return (f"KernelMap(mode={self.mode}, k={g.kernel_size}, s={g.stride}, d={g.dilation}, "
-                f"pad={g.padding}, {self.num_in} -> {self.num_out})")
+                f"pad={g.padding}, {self.num_in} -> {self.num_out}, backend={self.backend})")

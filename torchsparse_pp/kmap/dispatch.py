@@ -1,0 +1,38 @@
+"""Which implementation builds a kernel map and its views: the compiled ops or torch_ops.
+
+``backends.kmap_backend`` is read at every call; a KernelMap keeps the name it was built with
+so that its lazily built views come from the same implementation.
+"""
+from types import ModuleType
+
+import torch
+
+from .. import backends, ops
+from . import torch_ops
+
+
+def kmap_backend_for(device: torch.device) -> str:
+    """The backend name for maps of tensors on ``device``: ``backends.kmap_backend``, or when
+    that is None, "native" on the CPU and "torch" on any other device."""
+    device = torch.device(device)
+    name = backends.kmap_backend
+    if name is None:
+        return "native" if device.type == "cpu" else "torch"
+    if name == "native":
+        if device.type == "cuda" and not torch.ops.torchsparse_pp.cuda_built():
+            raise RuntimeError("torchsparse_pp.backends.kmap_backend = 'native' needs the CUDA kernels for maps "
+                               "of CUDA tensors, but this build of torchsparse_pp has none; set "
+                               "backends.kmap_backend to None or 'torch'")
+        if device.type not in ("cpu", "cuda"):
+            raise RuntimeError(f"torchsparse_pp.backends.kmap_backend = 'native' has no kernels for {device.type} "
+                               f"tensors; set backends.kmap_backend to None or 'torch'")
+    return name
+
+
+def kmap_ops(name: str) -> ModuleType:
+    """The module with the kernel-map functions of backend ``name`` (same signatures)."""
+    if name == "native":
+        return ops
+    if name == "torch":
+        return torch_ops
+    raise ValueError(f"unknown kernel-map backend {name!r}; expected 'native' or 'torch'")
