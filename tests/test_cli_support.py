@@ -1,6 +1,7 @@
 """Helpers of the CLI tests (test_cli_*.py): tiny generated data, a tiny config, the real CLI in
 a subprocess, and snapshots of the files on disk; plus the checks of the small pieces they rely on."""
 import hashlib
+import re
 import os
 import subprocess
 import sys
@@ -99,3 +100,13 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path):
     except OSError:
         pass
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_docs_do_not_point_outside_the_repository():
+    # docs/gpu.md is another session's file: its ../shared/tools reference is reported, not fixed here.
+    pages = [REPO / "README.md"] + [p for p in sorted((REPO / "docs").glob("*.md")) if p.name != "gpu.md"]
+    for page in pages:
+        text = page.read_text()
+        for target in re.findall(r"(?:\]\(|`)(\.\./[^)`\s]*)", text):
+            resolved = (page.parent / target).resolve()
+            assert REPO in resolved.parents or resolved == REPO, f"{page.name} points outside: {target}"
