@@ -87,7 +87,7 @@ def test_finished_run_and_taken_directory_change_nothing(run):
     before = snapshot(a)
     finished, fresh = cli_many(("train", "--resume", a / "last.pt"), ("train", "--config", config, "--run-dir", a))
     assert finished.returncode == 0, finished.stderr[-2000:]
-    assert "is finished (step 2 of 2); nothing to do" in finished.stdout
+    assert f"the run of {a / 'last.pt'} is finished (step 2 of 2); nothing to do" in finished.stdout
     assert "already holds a run (last.pt at step 2)" in one_error_line(fresh)
     assert outside_evals(snapshot(a)) == outside_evals(before)
 

@@ -3,8 +3,8 @@
 ``torchsparse-pp train --config FILE`` and ``torchsparse-pp eval --config FILE --checkpoint CKPT``
 run it from the command line; docs/training.md describes the configs."""
 from .config import Config, ConfigError, config_from_dict, load_config
-from .loop import Trainer, format_results
+from .loop import Trainer, TrainingInterrupted, format_results
 from .metrics import bev_map, confusion_matrix, iou_from_confusion, mean_iou
 
-__all__ = ["Config", "ConfigError", "load_config", "config_from_dict", "Trainer", "format_results",
+__all__ = ["Config", "ConfigError", "load_config", "config_from_dict", "Trainer", "TrainingInterrupted", "format_results",
            "confusion_matrix", "iou_from_confusion", "mean_iou", "bev_map"]

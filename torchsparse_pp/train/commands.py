@@ -66,12 +66,14 @@ def _base_values(config_path: Optional[str], state: Dict[str, Any], checkpoint: 
 def _resume_config(args):
     """The config of a resumed run: --config (or the checkpoint's) with the overrides; the run
     directory is the checkpoint's unless --run-dir or train.run_dir says otherwise."""
+    import yaml
+
     from .checkpoint import load_checkpoint
     from .config import apply_overrides, config_from_dict
 
     state = load_checkpoint(args.resume, mmap=True)
     values = apply_overrides(_base_values(args.config, state, args.resume), _overrides(args))
-    explicit = args.run_dir or next((o.split("=", 1)[1] for o in reversed(args.overrides)
+    explicit = args.run_dir or next((yaml.safe_load(o.split("=", 1)[1]) for o in reversed(args.overrides)
                                      if o.startswith("train.run_dir=")), None)
     train = values.setdefault("train", {})
     home = Path(args.resume).parent
@@ -108,7 +110,7 @@ def run_train(args) -> int:
             print(f"resuming with changed settings: {describe(trainer.changes, 'checkpoint', 'now')}")
         if trainer.done:
             if main:
-                print(f"the run in {trainer.run_dir} is finished (step {trainer.step} of {trainer.total_steps}); "
+                print(f"the run of {args.resume} is finished (step {trainer.step} of {trainer.total_steps}); "
                       f"nothing to do. To train longer: {resume_command(args.resume)} train.epochs=N --force")
             return 0
         try:
