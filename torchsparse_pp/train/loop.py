@@ -261,7 +261,16 @@ class Trainer:
         sampler.set_position(self.epoch, self.batch_in_epoch * self.config.data.batch_size)
         self.train_loader.generator.manual_seed(train.seed * 1000 + self.epoch)
         start = time.perf_counter()
-        for batch in self.train_loader:
+        batches = iter(self.train_loader)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            except Exception:
+                if stop.requested:  # Ctrl-C also reached the loader's worker processes
+                    return False
+                raise
             values = self.train_step(batch)
             self.batch_in_epoch += 1
             self.losses.append(values["loss"])
