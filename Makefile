@@ -2,13 +2,14 @@
 #   make demo   set up, then run the demo
 #   make test   set up, then run the test suite (what CI runs)
 #   make cuda-check  compile every CUDA source with nvcc for sm_80 / sm_90 (no GPU needed)
+#   make triton-check  compile every Triton kernel instantiation for sm_80 ... sm_120, gfx90a, gfx942
 PYTHON ?= python3
 export PYTHON
 
 BUILD_INPUTS := setup.py pyproject.toml scripts/setup.sh $(shell find csrc -type f 2>/dev/null)
 SETUP_STAMP := build/.setup-stamp
 
-.PHONY: setup demo test bench bench-autotune cuda-check kernels clean
+.PHONY: setup demo test bench bench-autotune cuda-check triton-check kernels clean
 
 $(SETUP_STAMP): $(BUILD_INPUTS)
 	bash scripts/setup.sh
@@ -24,6 +25,11 @@ test: $(SETUP_STAMP)
 
 cuda-check: $(SETUP_STAMP)
 	bash scripts/cuda_compile_check.sh
+
+# Fails on a compile error, shared memory over a target's limit or any spill on NVIDIA targets;
+# TRITON_CHECK_ARGS passes options (e.g. --markdown FILE for the docs/gpu.md table).
+triton-check: $(SETUP_STAMP)
+	$(PYTHON) tools/triton_check.py $(TRITON_CHECK_ARGS)
 
 kernels:
 	$(PYTHON) tools/generate_kernels.py

@@ -7,14 +7,14 @@
 # Overrides (environment):
 #   PYTHON=python3            interpreter to install into
 #   TORCH_SPEC="torch==2.13.0"  what pip installs for torch; e.g. "torch==2.11.0", or "skip" to keep yours
-#   EXTRAS=test               extras of this package to install ("test", "test,io", "" for none)
+#   EXTRAS=test,triton        extras of this package to install ("test", "test,io", "" for none)
 #   MAX_JOBS=2                parallel compile jobs for the extension
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-EXTRAS=${EXTRAS-test}
+EXTRAS=${EXTRAS-test,triton}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 pip_install() { "$PYTHON" -m pip install --disable-pip-version-check -q "$@"; }
 

@@ -8,6 +8,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))  # so tests can `import oracle`
 
+# Without a GPU the Triton kernels run under the Triton interpreter on CPU tensors. Triton reads
+# the variable when a kernel is defined, so it is set here, before any test imports them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def random_coords(generator: torch.Generator, num: int, batch: int = 1, low: int = -4, high: int = 8) -> torch.Tensor:
     """Unique int32 (batch, x, y, z) rows drawn uniformly from a small box (negatives included)."""

@@ -1,4 +1,7 @@
-"""The CUDA dataflows (gather_scatter and implicit_gemm, every configuration) through the public API.
+"""The GPU dataflows through the public API, on both backends: the native CUDA kernels
+(gather_scatter, implicit_gemm) and the Triton kernels (all three dataflows), every configuration
+named "<config>[native]" / "<config>[triton]"; maps are built by the default GPU map builder (torch
+ops) and, in one test, by the native CUDA builders too.
 
 References are float64 CPU computations: the library's CPU dataflows in float64 (themselves
 checked against dense conv3d in test_dataflows.py), the dense oracle directly on small inputs,
@@ -22,6 +25,7 @@ float32-based errors are norm-wise relative to the same sums over absolute value
 terms, while a sum of random terms can cancel. float16 / bfloat16 errors are relative to the
 reference itself (||out - ref|| / ||ref||).
 """
+import dataclasses
 import functools
 import itertools
 import math
@@ -35,6 +39,7 @@ from torchsparse_pp import backends, ops
 from torchsparse_pp.data import generate_scan
 from torchsparse_pp.kmap import ConvGeometry, KernelMapCache, submanifold_map
 from torchsparse_pp.nn.functional import ConvConfig, PassConfigs, conv3d
+from torchsparse_pp.ops.triton.tiles import tiles_for
 from torchsparse_pp.utils import sparse_quantize
 from conftest import fresh_seed, lidar_coords, random_coords, triple
 from oracle import reference_conv
@@ -44,7 +49,7 @@ DEVICE = "cuda"
 
 GS = "gather_scatter"
 IG = "implicit_gemm"
-CONFIGS = {
+BASE_CONFIGS = {
     "gs_eps0_thr0": ConvConfig(GS, epsilon=0.0, mm_thresh=0),
     "gs_eps0.2_thrinf": ConvConfig(GS, epsilon=0.2, mm_thresh=10 ** 9),
     "gs_eps0.5_thr50": ConvConfig(GS, epsilon=0.5, mm_thresh=50),
@@ -63,7 +68,30 @@ CONFIGS = {
                                   ConvConfig(IG, sorted=True, split_mask_num=3),
                                   ConvConfig(GS, epsilon=1.0, mm_thresh=10 ** 9)),
 }
-GATHER_SCATTER = [name for name in CONFIGS if name.startswith("gs_")]
+BACKENDS = ("native", "triton")
+
+
+def on_backend(config, backend):
+    """The config with every pass on ``backend``."""
+    if isinstance(config, PassConfigs):
+        return PassConfigs(*(dataclasses.replace(c, backend=backend) for c in config))
+    return dataclasses.replace(config, backend=backend)
+
+
+def named(*names):
+    """Names of CONFIGS entries: each base config on each backend."""
+    return [f"{n}[{b}]" for b in BACKENDS for n in names]
+
+
+CONFIGS = {f"{name}[{b}]": on_backend(cfg, b) for b in BACKENDS for name, cfg in BASE_CONFIGS.items()}
+# fetch_on_demand has Triton kernels only (the native CUDA one does not exist yet).
+CONFIGS.update({
+    "fod[triton]": ConvConfig("fetch_on_demand", backend="triton"),
+    "mixed_fod_ig_fod[triton]": PassConfigs(ConvConfig("fetch_on_demand", backend="triton"),
+                                            ConvConfig(IG, sorted=True, split_mask_num=2, backend="triton"),
+                                            ConvConfig("fetch_on_demand", backend="triton")),
+})
+GATHER_SCATTER = [name for name in CONFIGS if name.startswith("gs_")]  # deterministic by construction
 
 # name -> (dtype, TF32 allowed, tolerance, errors relative to the sums over absolute values)
 DTYPES = {
@@ -134,11 +162,12 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -> float:
 @pytest.fixture
 def restore_switches():
     """Restores every switch a test may flip."""
-    saved = (backends.deterministic, backends.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    saved = (backends.deterministic, backends.allow_tf32, torch.backends.cuda.matmul.allow_tf32, backends.kmap_backend)
     try:
         yield
     finally:
-        backends.deterministic, backends.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+        (backends.deterministic, backends.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+         backends.kmap_backend) = saved
 
 
 def set_tf32(allowed: bool):
@@ -266,7 +295,8 @@ def test_cuda_matches_cpu_float64(geometry, config, dtype, source, channels, gen
 
 
 # Every dtype with both dataflows on the channel counts that defeat vector loads, and on wide ones.
-DTYPE_SWEEP = list(itertools.product(DTYPES, ["gs_eps0_thr0", "gs_eps0.5_thr50", "ig_unsorted", "ig_sorted_split2"],
+DTYPE_SWEEP = list(itertools.product(DTYPES, named("gs_eps0_thr0", "gs_eps0.5_thr50", "ig_unsorted", "ig_sorted_split2")
+                                     + ["fod[triton]"],
                                      [(3, 13), (37, 5), (64, 128)]))
 
 
@@ -274,6 +304,19 @@ DTYPE_SWEEP = list(itertools.product(DTYPES, ["gs_eps0_thr0", "gs_eps0.5_thr50",
                          ids=[f"{d}-{c}-{ci}x{co}" for d, c, (ci, co) in DTYPE_SWEEP])
 def test_dtypes_and_channels_on_lidar(dtype, config, channels, gen, restore_switches):
     check_case(gen, lidar_scene(0), GEOMETRIES["subm_k3"], CONFIGS[config], dtype, *channels)
+
+
+# Every Triton tile of every compute mode, on both tiled dataflows.
+MODE_DTYPES = {"half": "float16", "tf32": "tf32", "fp32": "float32", "fp64": "float64"}
+TILE_CASES = [(mode, t.name, dataflow) for mode in MODE_DTYPES for t in tiles_for(mode)
+              for dataflow in ("fetch_on_demand", "implicit_gemm")]
+
+
+@pytest.mark.parametrize("mode, tile, dataflow", TILE_CASES, ids=[f"{m}-{t}-{d}" for m, t, d in TILE_CASES])
+def test_every_triton_tile(mode, tile, dataflow, gen, restore_switches):
+    extra = {"sorted": True, "split_mask_num": 2} if dataflow == IG else {}
+    config = ConvConfig(dataflow, backend="triton", tile=tile, **extra)
+    check_case(gen, lidar_scene(2), GEOMETRIES["subm_k3"], config, MODE_DTYPES[mode], 37, 70)
 
 
 # --------------------------------------------------------------------------------------------
@@ -379,6 +422,19 @@ def test_deterministic_mode_is_bit_identical(config, dtype, small_scan, restore_
     assert_bit_identical(runs)
 
 
+@pytest.mark.parametrize("config", ["gs_eps0_thr0[triton]", "ig_sorted_split2[native]", "fod[triton]"])
+def test_native_and_torch_maps_give_the_same_results(config, small_scan, restore_switches):
+    """Maps from the native CUDA builders and from torch ops are equal (test_cuda_kmap.py), so
+    the convs over them are bit-identical."""
+    backends.deterministic = True
+    seed = fresh_seed()
+    runs = {}
+    for kmap_backend in ("torch", "native"):
+        backends.kmap_backend = kmap_backend
+        runs[f"maps by {kmap_backend}"] = run_network(small_scan, CONFIGS[config], torch.float32, seed)
+    assert_bit_identical(runs)
+
+
 @pytest.mark.parametrize("config", GATHER_SCATTER)
 def test_gather_scatter_is_bit_identical_without_the_flag(config, small_scan, restore_switches):
     """gather_scatter on CUDA is deterministic by construction: the flag changes nothing."""
@@ -393,8 +449,8 @@ def test_gather_scatter_is_bit_identical_without_the_flag(config, small_scan, re
 # --------------------------------------------------------------------------------------------
 # 4. float64 on CUDA against the dense oracle
 # --------------------------------------------------------------------------------------------
-ORACLE_CASES = list(itertools.product(GEOMETRIES, ["gs_eps0_thr0", "gs_eps1_thrinf", "ig_unsorted",
-                                                   "ig_sorted_split4", "mixed_ig_gs_ig"]))
+ORACLE_CASES = list(itertools.product(GEOMETRIES, named("gs_eps0_thr0", "gs_eps1_thrinf", "ig_unsorted",
+                                                         "ig_sorted_split4", "mixed_ig_gs_ig") + ["fod[triton]"]))
 
 
 @pytest.mark.parametrize("geometry, config", ORACLE_CASES, ids=[f"{g}-{c}" for g, c in ORACLE_CASES])
@@ -418,7 +474,7 @@ def test_float64_matches_dense_oracle(geometry, config, gen):
 # --------------------------------------------------------------------------------------------
 # 5. Autocast
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("config", ["gs_eps0_thr0", "ig_sorted_split1", "mixed_gs_ig_gs"])
+@pytest.mark.parametrize("config", named("gs_eps0_thr0", "ig_sorted_split1", "mixed_gs_ig_gs") + ["fod[triton]"])
 def test_autocast_runs_in_float16(config, gen):
     coords = lidar_scene(1)
     geom = GEOMETRIES["subm_k3"]
@@ -551,7 +607,7 @@ def large_row_of(c: torch.Tensor) -> torch.Tensor:
     return torch.where(in_extra, math.prod(BLOCK) + extra_row, row)
 
 
-@pytest.mark.parametrize("config", ["gs_eps0_thr0", "ig_sorted_split1"])
+@pytest.mark.parametrize("config", named("gs_eps0_thr0", "ig_sorted_split1") + ["fod[triton]"])
 def test_more_than_2_31_feature_elements(config, gen):
     if torch.cuda.get_device_properties(0).total_memory < 70 * 2 ** 30:
         pytest.skip("needs a GPU with 70 GiB or more")

@@ -7,11 +7,14 @@ torchsparse_pp.ops.triton.tiles (on CPU tensors Triton only runs interpreted, fa
 be worth timing, so the CPU space has no Triton rows).
 """
 from dataclasses import replace
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
+import torch
+
+from .. import backends as backends_module
 from ..nn.functional.config import IMPLEMENTED, PARAMETERS, TRITON_DATAFLOWS, ConvConfig
 from ..ops.triton import runtime as triton_runtime
-from ..ops.triton.tiles import TILES
+from ..ops.triton.tiles import TILES, TILES_BY_NAME
 
 # (dataflow, parameter grid): every combination of the grid's values is one choice.
 # gather_scatter's (epsilon, mm_thresh) grid: (0, 0) is one GEMM per offset; the others batch
@@ -44,6 +47,11 @@ COMPACT_SPACE: Tuple[ConvConfig, ...] = (
 SPACES = ("full", "compact")
 
 
+def tile_mode(dtype: torch.dtype) -> str:
+    """The Triton tile mode convs of ``dtype`` run in now (backends.allow_tf32 counts)."""
+    return triton_runtime.mode(dtype, backends_module.allow_tf32)
+
+
 def _backends(device_type: str) -> Dict[str, Tuple[str, ...]]:
     """backend -> dataflows the tuner may time on ``device_type``."""
     found = {}
@@ -54,9 +62,10 @@ def _backends(device_type: str) -> Dict[str, Tuple[str, ...]]:
     return found
 
 
-def design_space(device_type: str, space: str = "full") -> List[ConvConfig]:
+def design_space(device_type: str, space: str = "full", tile_mode: Optional[str] = None) -> List[ConvConfig]:
     """The configs the tuner tries on ``device_type``: rows whose dataflow has kernels there,
-    for each backend the device has."""
+    for each backend the device has; with ``tile_mode`` (tiles.MODES), only the Triton tiles
+    that serve it."""
     if space not in SPACES:
         raise ValueError(f"space must be one of {SPACES}, got {space!r}")
     backends = _backends(device_type)
@@ -67,7 +76,8 @@ def design_space(device_type: str, space: str = "full") -> List[ConvConfig]:
                 if c.dataflow in available]
     rows = {"native": DESIGN_SPACE, "triton": TRITON_DESIGN_SPACE}
     return [ConvConfig(dataflow, backend=b, **params) for b, available in backends.items()
-            for dataflow, grid in rows[b] if dataflow in available for params in grid]
+            for dataflow, grid in rows[b] if dataflow in available for params in grid
+            if tile_mode is None or "tile" not in params or tile_mode in TILES_BY_NAME[params["tile"]].modes]
 
 
 def config_name(config: ConvConfig) -> str:

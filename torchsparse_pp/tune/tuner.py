@@ -16,7 +16,7 @@ from .groups import ForwardFn, Group, conv_layers, discover_groups
 from .identity import device_name, model_device, structural_hash
 from .measure import EndToEndTimer, LossFn, fresh
 from .search import Assignment, SearchResult, greedy_search, uniform
-from .space import config_name, design_space
+from .space import config_name, design_space, tile_mode
 
 
 @dataclass
@@ -193,7 +193,8 @@ def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", bind
         raise ValueError(f"start must be one of {STARTS}, got {start!r}")
     started = time.perf_counter()
     device = model_device(model)
-    choices = design_space(device.type, space)
+    dtype = autocast_dtype or next(p.dtype for p in model.parameters())
+    choices = design_space(device.type, space, tile_mode(dtype))
     layers = conv_layers(model)
     saved_configs = {name: conv.config for name, conv in layers.items()}
     saved_state = copy.deepcopy(model.state_dict())
@@ -247,7 +248,6 @@ def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", bind
         model.train(was_training)
     grouped = {layer for g in groups for layer in g.layer_names}
     unreached = [name for name in layers if name not in grouped]
-    dtype = autocast_dtype or next(p.dtype for p in model.parameters())
     return TuneResult(type(model).__name__, structural_hash(model), device.type, device_name(device),
                       str(dtype).replace("torch.", ""), mode, binding, space, len(samples), repeats, min_gain, groups,
                       start, default, assignment, search, selected, final, before, after, time.perf_counter() - started,

@@ -1,7 +1,9 @@
 """Device functions shared by the Triton kernels: gathered GEMM steps and offset lookup.
 
-Row indices below 0 mean "no row": their operand is masked out of the sum entirely (not read
-as zeros times a weight, which would turn an Inf weight into NaN where no neighbour exists).
+Row indices below 0 mean "no row": the gathered operand row is zero. As in every implicit GEMM
+(the native kernels and spconv's alike), a weight holding Inf or NaN then gives NaN in rows
+that lack that neighbour; masking the accumulator per row instead costs a second accumulator's
+registers (spills at large tiles) and does not compile for tf32 on sm_100 (triton 3.9).
 Row offsets are formed in int64, so tensors past 2^31 elements are addressed correctly.
 """
 import triton
@@ -12,7 +14,7 @@ import triton.language as tl
 def gathered_dot(acc, feats_ptr, rows, stride_f, c_src, w_ptr, cols, c_dst,
                  BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """acc[i, :] += feats[rows[i], :] @ w[:, cols] (w is [c_src, c_dst], row-major), in BLOCK_K
-    steps over c_src; rows < 0 keep their acc."""
+    steps over c_src; rows < 0 read zeros."""
     valid = rows >= 0
     row_base = feats_ptr + rows.to(tl.int64) * stride_f
     col_ok = cols < c_dst
@@ -25,7 +27,7 @@ def gathered_dot(acc, feats_ptr, rows, stride_f, c_src, w_ptr, cols, c_dst,
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.where(valid[:, None], tl.dot(a, b, acc, input_precision=PRECISION), acc)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
 
 

@@ -107,12 +107,13 @@ def forward(feats, weight, src_idx, dst_idx, offsets, num_dst, transpose_weight=
     """``out[dst] += feats[src] @ W[k]`` over the pairs of every offset (``W[k]^T`` with
     ``transpose_weight``): one launch, atomic float32 accumulation."""
     runtime.check_operands(feats, weight)
+    allow_tf32 = allow_tf32 and runtime.tf32_supported(feats.device)
     feats, w = feats.contiguous(), _oriented_weight(weight, transpose_weight)
     volume, c_src, c_dst = w.shape
     out = torch.zeros(num_dst, c_dst, dtype=runtime.accumulator_dtype(feats.dtype), device=feats.device)
     num_pairs = src_idx.shape[0]
     if num_pairs and c_dst:
-        t = choose_tile(tile, num_pairs // volume, c_src, c_dst, feats.dtype)
+        t = choose_tile(tile, num_pairs // volume, c_src, c_dst, runtime.mode(feats.dtype, allow_tf32))
         tile_counts = (offsets.diff() + t.block_m - 1) // t.block_m
         tile_starts = torch.cat([tile_counts.new_zeros(1), tile_counts.cumsum(0)])
         # At most cdiv(pairs, BLOCK_M) + K tiles; programs past the real count return at once.
@@ -126,11 +127,12 @@ def forward_owned(feats, weight, table, num_dst, transpose_weight=False, tile=No
     """Deterministic forward: ``out[r] = sum_k feats[table[r, k]] @ W[k]``, offsets in order,
     each output row written by one program."""
     runtime.check_operands(feats, weight)
+    allow_tf32 = allow_tf32 and runtime.tf32_supported(feats.device)
     feats, w = feats.contiguous(), _oriented_weight(weight, transpose_weight)
     volume, c_src, c_dst = w.shape
     out = torch.empty(num_dst, c_dst, dtype=feats.dtype, device=feats.device)
     if num_dst and c_dst:
-        t = choose_tile(tile, num_dst, c_src, c_dst, feats.dtype)
+        t = choose_tile(tile, num_dst, c_src, c_dst, runtime.mode(feats.dtype, allow_tf32))
         grid = (triton.cdiv(num_dst, t.block_m), triton.cdiv(c_dst, t.block_n))
         fod_forward_owned_kernel[grid](feats, w, out, table, num_dst, volume, c_src, c_dst, feats.stride(0),
                                        out.stride(0), **_launch_options(t, feats, allow_tf32))
@@ -149,12 +151,13 @@ def wgrad_splits(num_pairs, volume, channel_tiles, deterministic):
 def wgrad(feats, grad, src_idx, dst_idx, offsets, tile=None, allow_tf32=False, deterministic=False):
     """``dW[k] = feats[src]^T @ grad[dst]`` over the pairs of offset k, ``[K, C_in, C_out]``."""
     runtime.check_operands(feats, grad)
+    allow_tf32 = allow_tf32 and runtime.tf32_supported(feats.device)
     feats, grad = feats.contiguous(), grad.contiguous()
     volume, c_in, c_out = offsets.shape[0] - 1, feats.shape[1], grad.shape[1]
     dw = torch.zeros(volume, c_in, c_out, dtype=runtime.accumulator_dtype(feats.dtype), device=feats.device)
     num_pairs = src_idx.shape[0]
     if num_pairs and c_in and c_out:
-        t = choose_wgrad_tile(tile, c_in, c_out, feats.dtype)
+        t = choose_wgrad_tile(tile, c_in, c_out, runtime.mode(feats.dtype, allow_tf32))
         grid_c = (triton.cdiv(c_in, t.block_m), triton.cdiv(c_out, t.block_n))
         splits = wgrad_splits(num_pairs, volume, grid_c[0] * grid_c[1], deterministic)
         fod_wgrad_kernel[(volume * splits, *grid_c)](feats, grad, dw, src_idx, dst_idx, offsets, splits, c_in, c_out,

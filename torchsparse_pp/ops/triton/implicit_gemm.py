@@ -30,10 +30,10 @@ PLAN_SORT_WINDOW = 0
 
 @triton.jit
 def ig_forward_kernel(feats_ptr, w_ptr, out_ptr, table_ptr, order_ptr, masks_ptr, bounds_ptr,
-                      num_dst, num_offsets, num_tiles, num_words, plan_tile_rows, order_stride, split_stride,
+                      num_dst, num_offsets, num_tiles, num_words, order_stride, split_stride,
                       c_src, c_dst, stride_f, stride_o,
-                      SORTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                      SORTED: tl.constexpr, PLAN_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     split = tl.program_id(2)
     slot0 = tl.program_id(0) * BLOCK_M
     slots = slot0 + tl.arange(0, BLOCK_M)
@@ -44,8 +44,9 @@ def ig_forward_kernel(feats_ptr, w_ptr, out_ptr, table_ptr, order_ptr, masks_ptr
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc_type: tl.constexpr = tl.float64 if feats_ptr.dtype.element_ty == tl.float64 else tl.float32
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=acc_type)
-    first_tile = slot0 // plan_tile_rows
-    last_tile = tl.minimum(num_tiles - 1, (slot0 + BLOCK_M - 1) // plan_tile_rows)
+    # The plan tiles under this program's slots (BLOCK_M and PLAN_ROWS are powers of two).
+    first_tile = slot0 // PLAN_ROWS
+    TILES_PER_PROGRAM: tl.constexpr = (BLOCK_M + PLAN_ROWS - 1) // PLAN_ROWS
     split_masks = masks_ptr + split * num_tiles * num_words
     table_rows = table_ptr + rows.to(tl.int64) * num_offsets
     k_begin = tl.load(bounds_ptr + split).to(tl.int32)
@@ -53,8 +54,9 @@ def ig_forward_kernel(feats_ptr, w_ptr, out_ptr, table_ptr, order_ptr, masks_ptr
     for k in range(k_begin, k_end):
         word = (k - k_begin) // 64
         present = tl.load(split_masks + first_tile * num_words + word)
-        for t in range(first_tile + 1, last_tile + 1):
-            present |= tl.load(split_masks + t * num_words + word)
+        for t in tl.static_range(1, TILES_PER_PROGRAM):
+            present |= tl.load(split_masks + (first_tile + t) * num_words + word, mask=first_tile + t < num_tiles,
+                               other=0)
         if ((present >> ((k - k_begin) % 64).to(tl.int64)) & 1) != 0:
             src = tl.load(table_rows + k, mask=rows >= 0, other=-1)
             acc = gathered_dot(acc, feats_ptr, src, stride_f, c_src, w_ptr + k * c_src * c_dst, cols,
@@ -66,10 +68,10 @@ def ig_forward_kernel(feats_ptr, w_ptr, out_ptr, table_ptr, order_ptr, masks_ptr
 
 @triton.jit
 def ig_wgrad_kernel(feats_ptr, grad_ptr, dw_ptr, table_ptr, order_ptr, masks_ptr, bounds_ptr, split_of_offset_ptr,
-                    num_rows, num_offsets, num_tiles, num_words, plan_tile_rows, order_stride, chunks,
-                    slots_per_chunk, c_in, c_out, stride_f, stride_g,
-                    SORTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                    num_rows, num_offsets, num_tiles, num_words, order_stride, chunks, slots_per_chunk,
+                    c_in, c_out, stride_f, stride_g,
+                    SORTED: tl.constexpr, PLAN_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     job = tl.program_id(0)
     k = job // chunks
     chunk = job % chunks
@@ -81,9 +83,9 @@ def ig_wgrad_kernel(feats_ptr, grad_ptr, dw_ptr, table_ptr, order_ptr, masks_ptr
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=dw_ptr.dtype.element_ty)
     slot_begin = chunk * slots_per_chunk
     slot_end = tl.minimum(num_rows, slot_begin + slots_per_chunk)
-    # BLOCK_K divides plan_tile_rows, so a step never straddles two plan tiles.
+    # BLOCK_K divides PLAN_ROWS, so a step never straddles two plan tiles.
     for slot0 in range(slot_begin, slot_end, BLOCK_K):
-        present = tl.load(split_masks + (slot0 // plan_tile_rows) * num_words)
+        present = tl.load(split_masks + (slot0 // PLAN_ROWS) * num_words)
         if ((present >> (bit % 64).to(tl.int64)) & 1) != 0:
             slots = slot0 + tl.arange(0, BLOCK_K)
             if SORTED:
@@ -97,8 +99,8 @@ def ig_wgrad_kernel(feats_ptr, grad_ptr, dw_ptr, table_ptr, order_ptr, masks_ptr
                   mask=(in_ch < c_in)[:, None] & (out_ch < c_out)[None, :])
 
 
-def _launch_options(tile, feats, allow_tf32, is_sorted):
-    return dict(SORTED=is_sorted, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+def _launch_options(tile, feats, allow_tf32, is_sorted, tile_rows):
+    return dict(SORTED=is_sorted, PLAN_ROWS=tile_rows, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
                 PRECISION=runtime.dot_precision(feats.dtype, allow_tf32), UPCAST=runtime.upcast_dot(feats.dtype),
                 num_warps=tile.num_warps, num_stages=tile.num_stages)
 
@@ -109,8 +111,8 @@ def _check_plan(table, bounds, order, tile_masks, tile_rows):
         raise ValueError(f"tile_masks must be [splits={splits}, tiles, words], got {list(tile_masks.shape)}")
     if order.numel() and (order.dim() != 2 or order.shape[0] != splits):
         raise ValueError(f"order must be empty or [splits={splits}, rows], got {list(order.shape)}")
-    if tile_rows <= 0:
-        raise ValueError(f"tile_rows must be positive, got {tile_rows}")
+    if tile_rows <= 0 or tile_rows & (tile_rows - 1):
+        raise ValueError(f"tile_rows must be a power of two, got {tile_rows}")
     if table.dim() != 2:
         raise ValueError(f"the table must be [rows, K], got {list(table.shape)}")
 
@@ -119,6 +121,7 @@ def forward(feats, weight, table, num_dst, transpose_weight, bounds, order, tile
             allow_tf32=False):
     """``out[r] = sum_k feats[table[r, k]] @ W[k]`` (``W[k]^T`` with ``transpose_weight``)."""
     runtime.check_operands(feats, weight)
+    allow_tf32 = allow_tf32 and runtime.tf32_supported(feats.device)
     _check_plan(table, bounds, order, tile_masks, tile_rows)
     feats = feats.contiguous()
     w = (weight.transpose(1, 2) if transpose_weight else weight).contiguous()
@@ -129,12 +132,12 @@ def forward(feats, weight, table, num_dst, transpose_weight, bounds, order, tile
     else:
         out = torch.empty(splits, num_dst, c_dst, dtype=runtime.accumulator_dtype(feats.dtype), device=feats.device)
     if num_dst and c_dst:
-        t = choose_tile(tile, num_dst, c_src, c_dst, feats.dtype)
+        t = choose_tile(tile, num_dst, c_src, c_dst, runtime.mode(feats.dtype, allow_tf32))
         grid = (triton.cdiv(num_dst, t.block_m), triton.cdiv(c_dst, t.block_n), splits)
         ig_forward_kernel[grid](feats, w, out, table, order if is_sorted else table, tile_masks, bounds, num_dst,
-                                volume, tile_masks.shape[1], tile_masks.shape[2], tile_rows,
-                                order.shape[1] if is_sorted else 0, num_dst * c_dst, c_src, c_dst,
-                                feats.stride(0), c_dst, **_launch_options(t, feats, allow_tf32, is_sorted))
+                                volume, tile_masks.shape[1], tile_masks.shape[2], order.shape[1] if is_sorted else 0,
+                                num_dst * c_dst, c_src, c_dst, feats.stride(0), c_dst,
+                                **_launch_options(t, feats, allow_tf32, is_sorted, tile_rows))
     elif splits > 1:
         out.zero_()
     return out if splits == 1 else out.sum(0).to(feats.dtype)
@@ -155,13 +158,14 @@ def wgrad(feats, grad, table, bounds, order, tile_masks, tile_rows, tile=None, a
           deterministic=False):
     """``dW[k] = sum_r feats[table[r, k]]^T grad[r]``, ``[K, C_in, C_out]``."""
     runtime.check_operands(feats, grad)
+    allow_tf32 = allow_tf32 and runtime.tf32_supported(feats.device)
     _check_plan(table, bounds, order, tile_masks, tile_rows)
     feats, grad = feats.contiguous(), grad.contiguous()
     volume, c_in, c_out, num_rows = table.shape[1], feats.shape[1], grad.shape[1], grad.shape[0]
     is_sorted = order.numel() > 0
     dw = torch.zeros(volume, c_in, c_out, dtype=runtime.accumulator_dtype(feats.dtype), device=feats.device)
     if num_rows and c_in and c_out:
-        t = choose_wgrad_tile(tile, c_in, c_out, feats.dtype)
+        t = choose_wgrad_tile(tile, c_in, c_out, runtime.mode(feats.dtype, allow_tf32))
         if tile_rows % t.block_k:
             raise ValueError(f"the plan's tile_rows ({tile_rows}) must be a multiple of the tile's BLOCK_K "
                              f"({t.block_k})")
@@ -170,6 +174,6 @@ def wgrad(feats, grad, table, bounds, order, tile_masks, tile_rows, tile=None, a
         split_of_offset = torch.bucketize(torch.arange(volume, device=bounds.device), bounds[1:], right=True)
         ig_wgrad_kernel[(volume * chunks, *grid_c)](
             feats, grad, dw, table, order if is_sorted else table, tile_masks, bounds, split_of_offset, num_rows, volume,
-            tile_masks.shape[1], tile_masks.shape[2], tile_rows, order.shape[1] if is_sorted else 0, chunks, per_chunk,
-            c_in, c_out, feats.stride(0), grad.stride(0), **_launch_options(t, feats, allow_tf32, is_sorted))
+            tile_masks.shape[1], tile_masks.shape[2], order.shape[1] if is_sorted else 0, chunks, per_chunk,
+            c_in, c_out, feats.stride(0), grad.stride(0), **_launch_options(t, feats, allow_tf32, is_sorted, tile_rows))
     return dw.to(feats.dtype)

@@ -7,6 +7,8 @@ import os
 
 import torch
 
+from .tiles import mode_of
+
 INTERPRET_VARIABLE = "TRITON_INTERPRET"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # The interpreter state the kernel modules were defined under (set when the first one loads):
@@ -56,9 +58,24 @@ def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def tf32_supported(device: torch.device) -> bool:
+    """Whether tl.dot can take input_precision='tf32' on ``device``: NVIDIA GPUs from sm_80 on
+    (all that Triton supports) and AMD CDNA3 and later; the interpreter accepts it."""
+    if device.type != "cuda" or torch.version.hip is None:
+        return True
+    arch = torch.cuda.get_device_properties(device).gcnArchName
+    return arch.startswith(("gfx94", "gfx95"))
+
+
 def dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
-    """tl.dot's input_precision: TF32 tensor cores for float32 only when allowed."""
+    """tl.dot's input_precision: TF32 tensor cores for float32 only when allowed (the callers
+    pass allow_tf32 and tf32_supported(device))."""
     return "tf32" if dtype == torch.float32 and allow_tf32 else "ieee"
+
+
+def mode(dtype: torch.dtype, allow_tf32: bool) -> str:
+    """The tile table's compute mode (tiles.MODES) of a call."""
+    return mode_of(dtype, dot_precision(dtype, allow_tf32))
 
 
 def upcast_dot(dtype: torch.dtype) -> bool:
