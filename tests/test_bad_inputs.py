@@ -327,11 +327,14 @@ def test_unknown_dataflow():
 
 
 @pytest.mark.parametrize("dataflow", ["gather_scatter", "implicit_gemm", "fetch_on_demand"])
-def test_dataflow_without_kernels_on_the_device(dataflow):
-    """No CUDA kernels are built yet: asking for any dataflow there raises, never falls back."""
-    from torchsparse_pp.nn.functional.config import resolve_configs
-    with pytest.raises(NotImplementedError, match=rf"dataflow '{dataflow}' \(forward pass\) is not implemented on cuda"):
-        resolve_configs(ConvConfig(dataflow), "cuda")
+def test_dataflow_without_kernels_on_the_device(dataflow, monkeypatch):
+    """A build without native CUDA kernels: asking for a native dataflow there raises, never
+    falls back (to Triton or anything else)."""
+    from torchsparse_pp.nn.functional import config as config_module
+    monkeypatch.delitem(config_module.IMPLEMENTED, "cuda", raising=False)
+    with pytest.raises(NotImplementedError, match=rf"dataflow '{dataflow}' \(forward pass\) is not implemented on cuda "
+                                                  r"with the native backend"):
+        config_module.resolve_configs(ConvConfig(dataflow, backend="native"), "cuda")
 
 
 @pytest.mark.parametrize("bad", ["gather_scatter", {"dataflow": "gather_scatter"}, 3, (ConvConfig(),)])
@@ -410,7 +413,7 @@ def test_weight_dtype_mismatch():
 def test_float16_conv_on_cpu():
     x = _tensor(36, channels=4).half()
     conv = Conv3d(4, 3).half()
-    with pytest.raises(TypeError, match=r"sparse conv on cpu supports .*float32.*got torch\.float16"):
+    with pytest.raises(TypeError, match=r"sparse conv on cpu with the native backend supports .*float32.*got torch\.float16"):
         conv(x)
 
 

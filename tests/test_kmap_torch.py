@@ -74,10 +74,14 @@ def same_error(pattern: str, op: str, *args) -> None:
     assert str(mine.value) == str(native.value)
 
 
-def check_views(out_in: torch.Tensor, num_in: int, num_out: int, plans=PLAN_CONFIGS, what: str = "") -> None:
-    """pairs, transposed table, its pairs and plans of both tables agree."""
+def check_views(out_in: torch.Tensor, num_in: int, num_out: int, plans=PLAN_CONFIGS, what: str = "",
+                require_pairs: bool = True) -> int:
+    """pairs, transposed table, its pairs and plans of both tables agree; returns the pair count.
+    A sparse set (a LiDAR crop) may have no pairs for a wide dilated kernel: then the caller
+    asserts on the total over its sets instead."""
     pairs = check("kmap_pairs", out_in, num_in, num_out, what=what)
-    assert int(pairs[2][-1]) > 0, f"{what}: a map without pairs tests nothing"
+    count = int(pairs[2][-1])
+    assert count > 0 or not require_pairs, f"{what}: a map without pairs tests nothing"
     in_out = check("kmap_transpose", out_in, num_out, num_in, 128, what=what)
     check("kmap_pairs", in_out, num_out, num_in, what=f"transposed {what}")
     for split, tile, window in plans:
@@ -85,6 +89,7 @@ def check_views(out_in: torch.Tensor, num_in: int, num_out: int, plans=PLAN_CONF
             continue
         check("kmap_plan", out_in, num_out, split, tile, window, what=f"{what} out {split}/{tile}/{window}")
         check("kmap_plan", in_out, num_in, split, tile, window, what=f"{what} in {split}/{tile}/{window}")
+    return count
 
 
 def coordinate_sets(generator, seed):
@@ -131,12 +136,14 @@ SUBMANIFOLD_GEOMETRIES = [
 
 @pytest.mark.parametrize("geometry", SUBMANIFOLD_GEOMETRIES, ids=repr)
 def test_submanifold_maps_and_views(geometry, generator, seed):
+    total = 0
     for name, coords in coordinate_sets(generator, seed).items():
         out_in = check("kmap_submanifold", coords, geometry.kernel_size, geometry.dilation, geometry.padding, 128,
                        what=name)
         n = coords.shape[0]
         plans = PLAN_CONFIGS + SMALL_WINDOWS if name == "lidar" else SOME_PLANS
-        check_views(out_in, n, n, plans, what=f"{name} {geometry}")
+        total += check_views(out_in, n, n, plans, what=f"{name} {geometry}", require_pairs=False)
+    assert total > 0, f"{geometry}: no coordinate set had pairs, so the views went untested"
 
 
 DOWNSAMPLE_CASES = [
