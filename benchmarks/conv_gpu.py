@@ -1,4 +1,5 @@
-"""GPU sparse convolution: torchsparse_pp's CUDA dataflows vs spconv-cu126 2.3.8 vs cuBLAS.
+"""GPU sparse convolution: torchsparse_pp's GPU dataflows (native CUDA and Triton) vs spconv-cu126
+2.3.8 vs cuBLAS.
 
 Workloads (inference, torch.no_grad, batch --batch scans, default 1):
 - MinkUNet: generated 64-beam scans (benchmarks/common.py lidar_batch) voxelised at 0.05 m; the
@@ -13,14 +14,15 @@ Workloads (inference, torch.no_grad, batch --batch scans, default 1):
   32->64 (padding 1), 64->128 (padding (1, 1, 0) in x, y, z); conv_out k(1,1,3) s(1,1,2) 128->128.
   The strided layers' outputs are the next level's coordinate sets.
 
-Precision modes (--dtypes): fp16 (float16 features and weights) and tf32 (float32 with
-torchsparse_pp.backends.allow_tf32, torch.backends.cuda.matmul.allow_tf32 and spconv's
+Precision modes (--dtypes): fp16 (float16 features and weights), bf16 (bfloat16) and tf32 (float32
+with torchsparse_pp.backends.allow_tf32, torch.backends.cuda.matmul.allow_tf32 and spconv's
 SPCONV_ALLOW_TF32 all True); fp32 (exact float32, all three False) on request.
 
 Contenders per layer and mode, all on the same input features and weights:
 - ours, through the public API: nn.functional.conv3d(SparseTensor on cuda, weight, ...,
-  config=ConvConfig(...)) for gather_scatter, implicit_gemm unsorted, and implicit_gemm sorted
-  with split_mask_num 1..4 (each reported, and the best);
+  config=ConvConfig(..., backend=...)) on each backend of --backends: native CUDA (gather_scatter,
+  implicit_gemm unsorted and sorted with split_mask_num 1..4) and Triton (the same, plus
+  fetch_on_demand), each row named "<config>[<backend>]" (each reported, and the best);
 - spconv 2.3.8: SubMConv3d / SparseConv3d / SparseInverseConv3d with ConvAlgo.MaskImplicitGemm,
   MaskSplitImplicitGemm, and its default algorithm when that is neither (skipped with a note when
   spconv cannot be imported);
@@ -56,36 +58,40 @@ Ratios (per layer and mode):
   MinkUNet SubM 3^3 layers (kernel only). Figures against MaskImplicitGemm and spconv's default
   algorithm are in the JSON.
 
-Output: --out DIR (default benchmarks/results) gets conv_gpu.json (device, versions, date, git
-commit, every number; rewritten after every layer with "complete": false until the end) and
-conv_gpu.png (skipped with a warning without matplotlib). --cpu-dry-run runs the same pipeline on
-the CPU (float32, spconv Native, host timers) to check the script itself on a machine without a
-GPU; its numbers say nothing about a GPU and it never writes into benchmarks/results.
+Output: conv_gpu.json (device, versions, date, git commit, every number; rewritten after every
+layer with "complete": false until the end) and conv_gpu.png (skipped with a warning without
+matplotlib), in a new benchmarks/out/conv_gpu-<time>/ (git-ignored), in --out DIR, or in
+benchmarks/results with --publish. --cpu-dry-run runs the same pipeline on the CPU to check the
+script itself on a machine without a GPU: native CPU rows and the Triton rows under the Triton
+interpreter (TRITON_INTERPRET=1, set by the script), fp32 and bf16, on scans cropped to
+--max-voxels (default 1500 there) voxels; its numbers say nothing about a GPU and it is never
+published.
 
-Usage: python benchmarks/conv_gpu.py [--quick] [--dtypes fp16,tf32] [--repeats N] [--warmup N]
-       [--batch B] [--layers SUBSTR,...] [--list-layers] [--no-spconv] [--time-budget S] [--out DIR]
+Usage: python benchmarks/conv_gpu.py [--quick] [--dtypes fp16,bf16,tf32] [--backends native,triton]
+       [--repeats N] [--warmup N] [--batch B] [--layers SUBSTR,...] [--list-layers] [--no-spconv]
+       [--max-voxels N] [--time-budget S] [--out DIR | --publish] [--cpu-dry-run]
 """
 import argparse
 import contextlib
 import datetime
 import itertools
-import json
 import math
 import os
 import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import cpu_model, git_revision, lidar_batch, same_coord_set, sorted_rows  # noqa: E402
+from common import (add_output_arguments, cpu_model, git_revision, lidar_batch, output_dir,  # noqa: E402
+                    same_coord_set, save_figure, sorted_rows)
+from common import write_json as write_json_atomic  # noqa: E402
 
 import torchsparse_pp  # noqa: E402
 from torchsparse_pp import SparseTensor, backends  # noqa: E402
@@ -102,23 +108,34 @@ WAYMO_LOW, WAYMO_HIGH = (-75.2, -75.2, -2.0), (75.2, 75.2, 4.0)
 MINKUNET_SEED, CENTERPOINT_SEED = 0, 1  # scan b of a batch uses seed + b
 
 # ||out - ref|| / ||ref|| above this flags a result (fp16 and tf32 round their operands).
-TOLERANCE = {"fp16": 1e-2, "tf32": 1e-3, "fp32": 1e-5}
+TOLERANCE = {"fp16": 1e-2, "bf16": 1e-2, "tf32": 1e-3, "fp32": 1e-5}
 # name -> (dtype, TF32 allowed)
-MODES = {"fp16": (torch.float16, False), "tf32": (torch.float32, True), "fp32": (torch.float32, False)}
+MODES = {"fp16": (torch.float16, False), "bf16": (torch.bfloat16, False), "tf32": (torch.float32, True),
+         "fp32": (torch.float32, False)}
 
 TARGET_CUBLAS_RATE = 0.8  # ours / cuBLAS rate, fp16, C_in >= 64
 TARGET_CUBLAS_MIN_CHANNELS = 64
 TARGET_SPCONV_SPEEDUP = 1.2  # t_spconv / t_ours on MinkUNet SubM 3^3 layers
 
-# (short name, config, in --quick)
-CONFIGS = [
+# (short name, config, in --quick); each runs on every backend of --backends that has its dataflow
+BASE_CONFIGS = [
     ("gs", ConvConfig("gather_scatter"), True),
+    ("fod", ConvConfig("fetch_on_demand"), True),
     ("ig-unsorted", ConvConfig("implicit_gemm", sorted=False, split_mask_num=0), True),
     ("ig-sorted1", ConvConfig("implicit_gemm", sorted=True, split_mask_num=1), True),
     ("ig-sorted2", ConvConfig("implicit_gemm", sorted=True, split_mask_num=2), False),
     ("ig-sorted3", ConvConfig("implicit_gemm", sorted=True, split_mask_num=3), False),
     ("ig-sorted4", ConvConfig("implicit_gemm", sorted=True, split_mask_num=4), False),
 ]
+BACKENDS = ("native", "triton")
+DRY_RUN_MAX_VOXELS = 1500  # the Triton interpreter runs every program on the host
+
+
+def backend_configs(backends_: Sequence[str], device_type: str, quick: bool):
+    """(name, config) of every base config on every requested backend that has its dataflow."""
+    from torchsparse_pp.nn.functional.config import available_dataflows
+    return [(f"{name}[{b}]", replace(config, backend=b)) for b in backends_ for name, config, in_quick in BASE_CONFIGS
+            if (in_quick or not quick) and config.dataflow in available_dataflows(device_type, b)]
 SPCONV_ALGOS = ("MaskImplicitGemm", "MaskSplitImplicitGemm")  # --quick: the first only
 ROTATION_CAP, ROTATION_MEMORY_CAP = 32, 1 << 30
 
@@ -858,16 +875,21 @@ def ceilings(device: torch.device, modes: Sequence[str], n: int = 8192) -> Dict[
     return out
 
 
-def require_cuda() -> None:
-    """Exits with a clear message when there is no GPU or no CUDA build of torchsparse_pp."""
+def require_cuda(backends_: Sequence[str]) -> None:
+    """Exits with a clear message when there is no GPU, no CUDA build of torchsparse_pp (for the
+    native rows) or no triton (for the Triton rows)."""
     if not torch.cuda.is_available():
         sys.exit(f"conv_gpu.py needs a CUDA GPU: torch {torch.__version__} (CUDA {torch.version.cuda}) sees none. "
                  "Run it on a GPU machine (see docs/gpu.md), or use --cpu-dry-run to check the script itself.")
-    if not torch.ops.torchsparse_pp.cuda_built():
+    if "triton" in backends_:
+        from torchsparse_pp.ops.triton import runtime
+        if not runtime.installed():
+            sys.exit("conv_gpu.py --backends triton needs the triton package (pip install 'torchsparse-pp[triton]')")
+    if "native" in backends_ and not torch.ops.torchsparse_pp.cuda_built():
         sys.exit("conv_gpu.py needs the CUDA build of torchsparse_pp, but torch.ops.torchsparse_pp.cuda_built() "
                  f"is False ({os.path.dirname(torchsparse_pp.__file__)}). Rebuild it with CUDA: "
                  "FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST=9.0 pip install -e . --no-build-isolation --no-deps "
-                 "(see docs/gpu.md).")
+                 "(see docs/gpu.md), or run --backends triton.")
 
 
 # --- main -------------------------------------------------------------------------------------------
@@ -877,10 +899,15 @@ def parse_args(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="Layers:\n" + layer_table(LAYERS))
     parser.add_argument("--quick", action="store_true",
-                        help="the layers marked quick, configs gs / ig-unsorted / ig-sorted1, spconv "
+                        help="the layers marked quick, configs gs / fod / ig-unsorted / ig-sorted1, spconv "
                              "MaskImplicitGemm (+ its default), fewer repeats")
-    parser.add_argument("--dtypes", default="fp16,tf32", help=f"comma-separated modes from {list(MODES)} "
-                                                               "(default fp16,tf32)")
+    parser.add_argument("--dtypes", default=None, help=f"comma-separated modes from {list(MODES)} "
+                                                       "(default fp16,bf16,tf32; fp32,bf16 with --cpu-dry-run)")
+    parser.add_argument("--backends", default="native,triton",
+                        help="comma-separated backends of ours (default native,triton)")
+    parser.add_argument("--max-voxels", type=int, default=None,
+                        help=f"crop each scan to its N voxels nearest the sensor (default: whole scans; "
+                             f"{DRY_RUN_MAX_VOXELS} with --cpu-dry-run)")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 30; 10 with --quick)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed rounds first (default 3; 2 with --quick)")
     parser.add_argument("--batch", type=int, default=1, help="scans per batch (default 1)")
@@ -892,35 +919,52 @@ def parse_args(argv=None):
     parser.add_argument("--time-budget", type=float, default=None,
                         help="seconds from the start; later layers are skipped (and listed as skipped) once "
                              "it is spent; the first layer always runs")
-    parser.add_argument("--out", default=None, help=f"output directory (default {os.path.relpath(RESULTS, ROOT)})")
+    add_output_arguments(parser, "conv_gpu")
     parser.add_argument("--cpu-dry-run", action="store_true",
-                        help="check this script on the CPU (float32, spconv Native, host timers); writes to "
-                             "--out or a temporary directory, never to benchmarks/results")
+                        help="check this script on the CPU (native CPU rows, Triton rows under the interpreter, "
+                             "fp32 and bf16, cropped scans, spconv Native, host timers); never published")
     args = parser.parse_args(argv)
     args.repeats = args.repeats if args.repeats is not None else (10 if args.quick else 30)
     args.warmup = args.warmup if args.warmup is not None else (2 if args.quick else 3)
     if args.repeats < 1 or args.warmup < 0 or args.batch < 1:
         parser.error("--repeats and --batch must be >= 1 and --warmup >= 0")
-    args.modes = [m.strip() for m in args.dtypes.split(",") if m.strip()]
+    dtypes = args.dtypes or ("fp32,bf16" if args.cpu_dry_run else "fp16,bf16,tf32")
+    args.modes = [m.strip() for m in dtypes.split(",") if m.strip()]
     unknown = [m for m in args.modes if m not in MODES]
     if unknown or not args.modes:
         parser.error(f"--dtypes: unknown mode(s) {unknown}; choose from {list(MODES)}")
+    args.backend_list = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not args.backend_list or any(b not in BACKENDS for b in args.backend_list):
+        parser.error(f"--backends: choose from {list(BACKENDS)}, got {args.backends!r}")
     if args.cpu_dry_run:
-        args.modes = ["fp32"]  # the CPU kernels have no float16; TF32 does not exist there
-        if args.out is None:
-            args.out = tempfile.mkdtemp(prefix="conv_gpu_dry_run_")
-        elif os.path.abspath(args.out) == os.path.abspath(RESULTS):
-            parser.error("--cpu-dry-run never writes into benchmarks/results")
-    elif args.out is None:
-        args.out = RESULTS
+        if args.publish or (args.out and os.path.abspath(args.out) == os.path.abspath(RESULTS)):
+            parser.error("--cpu-dry-run is never published into benchmarks/results")
+        if {"fp16", "tf32"} & set(args.modes):
+            parser.error("--cpu-dry-run runs fp32 and bf16 (the CPU kernels have no float16; TF32 is GPU-only)")
+        if args.max_voxels is None:
+            args.max_voxels = DRY_RUN_MAX_VOXELS
+    if args.max_voxels is not None and args.max_voxels < 1:
+        parser.error("--max-voxels must be >= 1")
     return args
 
 
 def write_json(report: Dict[str, Any], path: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=1)
-    os.replace(tmp, path)
+    write_json_atomic(path, report)
+
+
+def crop_nearest(coords: torch.Tensor, max_voxels: Optional[int]) -> torch.Tensor:
+    """The ``max_voxels`` voxels of each batch entry nearest the scan's sensor column (its
+    x-y centre), sorted as before; all of them when None."""
+    if max_voxels is None:
+        return coords
+    keep = []
+    for b in coords[:, 0].unique():
+        rows = (coords[:, 0] == b).nonzero().squeeze(1)
+        xy = coords[rows, 1:3].double()
+        centre = (xy.amin(0) + xy.amax(0)) / 2
+        nearest = (xy - centre).square().sum(1).argsort()[:max_voxels]
+        keep.append(rows[nearest])
+    return coords[torch.cat(keep).sort().values]
 
 
 def main(argv=None) -> int:
@@ -930,17 +974,20 @@ def main(argv=None) -> int:
         return 0
     layers = select_layers(args.quick, args.layers)
     if args.cpu_dry_run:
+        # The Triton rows run interpreted on CPU tensors; triton reads this when a kernel is defined.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
         device = torch.device("cpu")
     else:
-        require_cuda()
+        require_cuda(args.backend_list)
         device = torch.device("cuda", torch.cuda.current_device())
+    out_dir = output_dir(args, "conv_gpu")
     started = time.perf_counter()
 
     sp, sp_error = (None, "--no-spconv") if args.no_spconv else import_spconv()
     if sp is None:
         print(f"note: spconv is not timed ({short_error(sp_error)}); its columns and target are skipped",
               file=sys.stderr)
-    configs = [(n, c) for n, c, in_quick in CONFIGS if in_quick or not args.quick]
+    configs = backend_configs(args.backend_list, device.type, args.quick)
 
     def spconv_algos(layer):
         if args.cpu_dry_run:
@@ -959,6 +1006,7 @@ def main(argv=None) -> int:
     with torch.no_grad():
         mk_coords, mk_shape = lidar_batch(BEAMS, MINKUNET_VOXEL, [MINKUNET_SEED + b for b in range(args.batch)])
         cp_coords, cp_shape = waymo_like_batch([CENTERPOINT_SEED + b for b in range(args.batch)])
+        mk_coords, cp_coords = crop_nearest(mk_coords, args.max_voxels), crop_nearest(cp_coords, args.max_voxels)
         levels = {"minkunet": build_levels(mk_coords, mk_shape, LEVEL_GEOMETRIES["minkunet"]),
                   "centerpoint": build_levels(cp_coords, cp_shape, LEVEL_GEOMETRIES["centerpoint"])}
         print("voxels per level: " + "; ".join(
@@ -969,7 +1017,8 @@ def main(argv=None) -> int:
     report: Dict[str, Any] = {
         "benchmark": "conv_gpu", "description": __doc__, "complete": False, "dry_run": args.cpu_dry_run,
         "aborted": None, "machine": machine,
-        "args": {k: v for k, v in vars(args).items() if k not in ("modes",)}, "modes": args.modes,
+        "args": {k: v for k, v in vars(args).items() if k not in ("modes", "backend_list")}, "modes": args.modes,
+        "backends": args.backend_list, "max_voxels": args.max_voxels,
         "tolerance_rel_l2": {m: TOLERANCE[m] for m in args.modes},
         "workload": {
             "batch": args.batch, "beams": BEAMS, "grad": False,
@@ -984,8 +1033,7 @@ def main(argv=None) -> int:
         "configs": {n: vars(c).copy() for n, c in configs},
         "ceilings": ceiling, "layers": [], "targets": [], "wall_seconds": None,
     }
-    os.makedirs(args.out, exist_ok=True)
-    json_path, png_path = os.path.join(args.out, "conv_gpu.json"), os.path.join(args.out, "conv_gpu.png")
+    json_path, png_path = os.path.join(out_dir, "conv_gpu.json"), os.path.join(out_dir, "conv_gpu.png")
     ctx = {"args": args, "device": device, "spconv": sp, "configs": configs, "config_names": [n for n, _ in configs],
            "spconv_algos": spconv_algos, "l2_bytes": l2}
 
@@ -1214,11 +1262,11 @@ def plot(report: Dict[str, Any], path: str) -> bool:
             a.legend(fontsize=7)
             a.margins(y=0.2)
     m = report["machine"]
-    fig.suptitle(f"torchsparse_pp CUDA dataflows vs spconv {m['spconv']} vs cuBLAS — {m['device_name']}, torch "
+    fig.suptitle(f"torchsparse_pp GPU dataflows ({', '.join(report['backends'])}) vs spconv {m['spconv']} vs cuBLAS — {m['device_name']}, torch "
                  f"{m['torch']} (CUDA {m['torch_cuda']}), git {m['git_revision']}, {m['date']}"
                  + ("  [CPU DRY RUN]" if report["dry_run"] else ""), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return True
 

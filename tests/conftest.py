@@ -81,15 +81,25 @@ def gen(generator) -> torch.Generator:
     return generator
 
 
-def _cuda_ready() -> bool:
-    return torch.cuda.is_available() and torch.ops.torchsparse_pp.cuda_built()
+def _needs_native_cuda(item) -> bool:
+    """Marked native_cuda, or a case of a native-backend parameter ('native', '<config>[native]')."""
+    if "native_cuda" in item.keywords:
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(isinstance(v, str) and (v == "native" or v.endswith("[native]")) for v in params.values())
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``cuda`` are skipped without a GPU or without a CUDA build of torchsparse_pp."""
-    if _cuda_ready():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU and a CUDA build of torchsparse_pp")
+    """Tests marked ``cuda`` are skipped without a GPU; those that need the native CUDA kernels
+    also without a CUDA build of torchsparse_pp (the Triton and torch-ops paths need only a GPU)."""
+    gpu = torch.cuda.is_available()
+    native = gpu and torch.ops.torchsparse_pp.cuda_built()
+    no_gpu = pytest.mark.skip(reason="needs a GPU")
+    no_native = pytest.mark.skip(reason="needs the native CUDA kernels (a CUDA build of torchsparse_pp)")
     for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+        if "cuda" not in item.keywords:
+            continue
+        if not gpu:
+            item.add_marker(no_gpu)
+        elif not native and _needs_native_cuda(item):
+            item.add_marker(no_native)

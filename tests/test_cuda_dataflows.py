@@ -518,6 +518,7 @@ OP_CASES = list(itertools.product(["float32", "float64", "float16", "bfloat16"],
 @pytest.mark.parametrize("dtype, transpose, grouping, misaligned", OP_CASES,
                          ids=[f"{d}-{'T' if t else 'N'}-eps{g[0]}-{'unaligned' if m else 'aligned'}"
                               for d, t, g, m in OP_CASES])
+@pytest.mark.native_cuda
 def test_gather_scatter_ops_match_cpu(dtype, transpose, grouping, misaligned, gen):
     torch_dtype, _, tol, _ = DTYPES[dtype]
     kmap, p = cpu_pairs(gen)
@@ -555,6 +556,7 @@ def test_gather_scatter_ops_match_cpu(dtype, transpose, grouping, misaligned, ge
     assert_small(errors, tol)
 
 
+@pytest.mark.native_cuda
 def test_gather_scatter_ops_offsets_without_pairs(gen):
     """Points on the plane z = 0: 18 of the 27 offsets have no pairs; their weight gradient is
     zero, and empty offsets do not upset the grouping."""
@@ -677,6 +679,7 @@ def still_works(kmap, feats, weight, pairs):
     (1, 10 ** 6, r"destination index is out of range"),
     (1, -5, r"destination index is out of range"),
 ])
+@pytest.mark.native_cuda
 def test_out_of_range_indices_are_rejected(subm_cuda, which, value, message):
     kmap, feats, weight, pairs = subm_cuda
     pos, _ = first_gathered_pair(pairs[2], pairs[3])
@@ -689,6 +692,7 @@ def test_out_of_range_indices_are_rejected(subm_cuda, which, value, message):
     still_works(kmap, feats, weight, pairs)
 
 
+@pytest.mark.native_cuda
 def test_identity_flag_on_an_ordinary_offset_is_rejected(subm_cuda):
     kmap, feats, weight, pairs = subm_cuda
     _, k = first_gathered_pair(pairs[2], pairs[3])
@@ -699,6 +703,7 @@ def test_identity_flag_on_an_ordinary_offset_is_rejected(subm_cuda):
     still_works(kmap, feats, weight, pairs)
 
 
+@pytest.mark.native_cuda
 def test_identity_offset_that_is_not_the_identity_is_rejected(subm_cuda):
     kmap, feats, weight, pairs = subm_cuda
     k = int(pairs[3].nonzero()[0])
@@ -709,6 +714,7 @@ def test_identity_offset_that_is_not_the_identity_is_rejected(subm_cuda):
         ops.gather_scatter_forward(feats, weight, src, *pairs[1:], kmap.num_out, False)
 
 
+@pytest.mark.native_cuda
 def test_duplicate_destination_within_an_offset_is_rejected(subm_cuda):
     """The scatter has no atomics; a repeated destination would lose sums silently."""
     kmap, feats, weight, pairs = subm_cuda
@@ -720,6 +726,7 @@ def test_duplicate_destination_within_an_offset_is_rejected(subm_cuda):
     still_works(kmap, feats, weight, pairs)
 
 
+@pytest.mark.native_cuda
 def test_bad_offsets_are_rejected(subm_cuda):
     kmap, feats, weight, pairs = subm_cuda
     offsets = pairs[2].clone()
@@ -733,6 +740,7 @@ def test_bad_offsets_are_rejected(subm_cuda):
     still_works(kmap, feats, weight, pairs)
 
 
+@pytest.mark.native_cuda
 def test_mixed_devices_and_dtypes_are_rejected(subm_cuda):
     kmap, feats, weight, pairs = subm_cuda
     with pytest.raises(RuntimeError, match="contiguous tensors on the feats' device"):

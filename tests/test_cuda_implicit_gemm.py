@@ -12,7 +12,7 @@ from torchsparse_pp import ops
 from torchsparse_pp.kmap import ConvGeometry, KernelMapCache, strided_map, submanifold_map
 from conftest import fresh_seed, lidar_coords, random_coords
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.native_cuda]
 
 TILE_ROWS = 64  # the CUDA dataflow's plan tile
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, "tf32": 3e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}

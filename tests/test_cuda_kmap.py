@@ -124,6 +124,7 @@ def near_misses(coords: torch.Tensor) -> torch.Tensor:
     return query
 
 
+@pytest.mark.native_cuda
 def test_hash_build_and_query_match_cpu(generator):
     coords = random_coords(generator, 6000, batch=3, low=-300, high=300)
     coords = coords[torch.randperm(coords.shape[0], generator=generator)].contiguous()
@@ -141,6 +142,7 @@ def test_hash_build_and_query_match_cpu(generator):
     assert_same(ops.hash_query(table_cpu, far), ops.hash_query(table_gpu, far.to(CUDA)), "far")
 
 
+@pytest.mark.native_cuda
 def test_hash_extreme_coordinates():
     values = [-32768, -32767, -1, 0, 1, 32766, 32767]
     coords = torch.tensor([[b, x, y, z] for b in (0, 32767) for x in values for y in values[:3]
@@ -160,6 +162,7 @@ def splitmix_home(keys: np.ndarray, capacity: int) -> np.ndarray:
     return (h & np.uint64(capacity - 1)).astype(np.int64)
 
 
+@pytest.mark.native_cuda
 def test_hash_probe_overflow_is_a_clear_error():
     """6400 keys whose home slots all lie in [0, 2048) of a 16384-slot table: linear probing
     fills slots [0, 6400), so some key needs more than 4096 probes."""
@@ -176,6 +179,7 @@ def test_hash_probe_overflow_is_a_clear_error():
         ops.kmap_submanifold(coords.to(CUDA), [3, 3, 3], [1, 1, 1], [1, 1, 1], 128)
 
 
+@pytest.mark.native_cuda
 def test_hash_errors_match_cpu(generator):
     coords = random_coords(generator, 800, batch=2, low=-30, high=30)
     dup = coords.clone()

@@ -8,6 +8,7 @@ as a ``PassConfigs`` / 3-tuple ``(forward, dgrad, wgrad)``.
 """
 import contextlib
 import contextvars
+import functools
 from dataclasses import dataclass
 from dataclasses import replace
 from typing import Optional, Sequence, Union
@@ -165,6 +166,12 @@ def default_config(config: ConfigLike):
         _default.reset(token)
 
 
+@functools.lru_cache(maxsize=1024)
+def _with_backend(config: ConvConfig, backend: str) -> ConvConfig:
+    """``config`` with its backend filled in (memoised: resolution runs on every conv call)."""
+    return config if config.backend == backend else replace(config, backend=backend)
+
+
 def available_dataflows(device_type: str, backend: str):
     """Dataflows with kernels for ``device_type`` under ``backend``."""
     if backend == "triton":
@@ -187,5 +194,5 @@ def resolve_configs(config: Optional[ConfigLike], device_type: str) -> PassConfi
                               else f"; torchsparse_pp has no {backend} {device_type} kernels in this build"))
         if backend == "triton":
             triton_runtime.require(torch.device(device_type))
-        resolved.append(cfg if cfg.backend == backend else replace(cfg, backend=backend))
+        resolved.append(_with_backend(cfg, backend))
     return PassConfigs(*resolved)

@@ -27,7 +27,7 @@ def gathered_dot(acc, feats_ptr, rows, stride_f, c_src, w_ptr, cols, c_dst,
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
     return acc
 
 
@@ -44,7 +44,7 @@ def gathered_dot_t(acc, feats_ptr, src_rows, stride_f, in_ch, c_in, grad_ptr, ds
     if UPCAST:
         a = a.to(tl.float32)
         g = g.to(tl.float32)
-    return tl.dot(a, g, acc, input_precision=PRECISION)
+    return tl.dot(a, g, acc, input_precision=PRECISION, out_dtype=acc.dtype)
 
 
 @triton.jit

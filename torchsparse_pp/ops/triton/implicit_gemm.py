@@ -38,7 +38,7 @@ def ig_forward_kernel(feats_ptr, w_ptr, out_ptr, table_ptr, order_ptr, masks_ptr
     slot0 = tl.program_id(0) * BLOCK_M
     slots = slot0 + tl.arange(0, BLOCK_M)
     if SORTED:
-        rows = tl.load(order_ptr + split * order_stride + slots, mask=slots < num_dst, other=-1)
+        rows = tl.load(order_ptr + split.to(tl.int64) * order_stride + slots, mask=slots < num_dst, other=-1)
     else:
         rows = tl.where(slots < num_dst, slots, -1)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
