@@ -1,0 +1,70 @@
+"""The four ways a spconv layer runs on the library: submanifold, strided (conv or pool, outputs
+in spconv's row order), inverse (through the strided layer's ``indice_key``) and transposed
+(generative). Each takes a function that applies the library op to a library SparseTensor."""
+from typing import Callable, List, Optional, Tuple
+
+import torch
+
+from ....kmap import ConvGeometry, generative_map, strided_map
+from ....tensor import SparseTensor
+from .order import generative_order, strided_order
+from .tensor import MAX_NDIM, IndiceData, SparseConvTensor, pad3
+
+LibraryOp = Callable[[SparseTensor], SparseTensor]
+
+
+def geometry3(ksize, stride, dilation, padding) -> ConvGeometry:
+    return ConvGeometry.make(pad3(ksize, 1), pad3(stride, 1), pad3(dilation, 1), pad3(padding, 0))
+
+
+def conv_output_shape(shape: List[int], ksize, stride, padding, dilation) -> List[int]:
+    return [(n + 2 * p - d * (k - 1) - 1) // s + 1 for n, k, s, p, d in zip(shape, ksize, stride, padding, dilation)]
+
+
+def deconv_output_shape(shape: List[int], ksize, stride, padding) -> List[int]:
+    return [(n - 1) * s - 2 * p + k for n, k, s, p in zip(shape, ksize, stride, padding)]
+
+
+def submanifold(x: SparseConvTensor, op: LibraryOp, reuse: Optional[IndiceData]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Features on the input indices (or, with a reused key, on that key's indices)."""
+    if reuse is None:
+        return op(x.library_tensor()).F, x.indices
+    out = op(x.library_tensor(indices=reuse.indices, state=reuse.state))
+    return out.F, reuse.out_indices
+
+
+def strided(x: SparseConvTensor, geometry: ConvGeometry, op: LibraryOp):
+    """Features and indices of a strided layer in spconv's order, and the map's record."""
+    inp = x.library_tensor()
+    out = op(inp)
+    kmap = strided_map(inp.cache, inp.C, geometry, "spconv", inp.spatial_range)
+    order = strided_order(kmap.out_in, kmap.num_out, kmap.num_in)
+    indices = x._state.indices_of(kmap.out_coords[order], x.ndim)
+    return out.F[order], indices, kmap, order
+
+
+def inverse(x: SparseConvTensor, datas: IndiceData, op: Callable[[SparseTensor, ConvGeometry], SparseTensor]):
+    """The exact transpose of the strided layer that recorded ``datas``, back on its input indices."""
+    kmap = datas.kmap
+    if kmap is None or kmap.mode != "spconv":
+        raise NotImplementedError("an inverse conv needs the key of a SparseConv / SparseMaxPool / SparseAvgPool "
+                                  "layer (not of a transposed conv)")
+    back = torch.argsort(datas.order)  # spconv row j holds the map's output order[j]
+    feats = x.features.index_select(0, back)
+    g = kmap.geometry
+    coarse = SparseTensor._derive(feats, kmap.out_coords, g.stride, kmap.out_range, datas.state.cache)
+    return op(coarse, g).F, datas.indices
+
+
+def transposed(x: SparseConvTensor, geometry: ConvGeometry, op: LibraryOp):
+    """A generative transposed conv's features and indices in spconv's order, and its map."""
+    inp = x.library_tensor(stride=geometry.stride)
+    out = op(inp)
+    kmap = generative_map(inp.cache, inp.C, geometry, inp.spatial_range)
+    order = generative_order(kmap.out_in, kmap.num_out, kmap.num_in)
+    indices = x._state.indices_of(kmap.in_coords[order], x.ndim)
+    return out.F[order], indices, kmap, order
+
+
+def spatial_dims(values, ndim: int) -> List[int]:
+    return list(values)[:ndim] if ndim < MAX_NDIM else list(values)
