@@ -12,8 +12,8 @@
 #pragma once
 
 #include "params.h"
-#include "primitives.cuh"
-#include "warp_math.cuh"
+#include "../gemm/primitives.cuh"
+#include "../gemm/warp_math.cuh"
 
 namespace torchsparse_pp {
 namespace igemm {
