@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 
-def voxel_res_backbone(spconv, in_channels: int = 4) -> nn.Module:
+def voxel_res_backbone(spconv, in_channels: int = 4, eps: float = 1e-3) -> nn.Module:
     def norm(c):
-        return nn.BatchNorm1d(c, eps=1e-3, momentum=0.01)
+        return nn.BatchNorm1d(c, eps=eps, momentum=0.01)
 
     def post_act_block(c_in, c_out, k, stride=1, padding=0, key=None, kind="subm"):
         if kind == "subm":

@@ -1,4 +1,4 @@
-"""The torchsparse-pp command line: demo, train, eval, tune, info, synth (also python -m torchsparse_pp).
+"""The torchsparse-pp command line: demo, train, eval, tune, convert, info, synth (also python -m torchsparse_pp).
 
 Errors are one line on stderr: ``error: ...``, exit status 2 for bad arguments, configs, paths
 and data, 1 for anything unexpected. ``--debug`` (or TORCHSPARSE_PP_DEBUG=1) shows the traceback."""
@@ -68,6 +68,12 @@ def _tune(args) -> int:
     return run_tune(args)
 
 
+def _convert(args) -> int:
+    from torchsparse_pp.compat.convert.command import run_convert
+
+    return run_convert(args)
+
+
 def _synth(args) -> int:
     from torchsparse_pp.data.synth import write_synthetic
 
@@ -82,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help=f"show the traceback of an error (or set {DEBUG_ENV}=1)")
     parser = CommandParser(prog="torchsparse-pp", description=__doc__.splitlines()[0], parents=[common])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,train,eval,tune,info,synth}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,train,eval,tune,convert,info,synth}")
 
     def command(name: str, func: Callable, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help, parents=[common])
@@ -109,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tune_arguments(command("tune", _tune, "tune the dataflow of each kernel-map group of a config's model, "
                                               "write a tuned file (docs/autotune.md)"))
+    from torchsparse_pp.compat.convert.command import add_convert_arguments
+
+    add_convert_arguments(command("convert", _convert, "convert a spconv / torchsparse checkpoint to a "
+                                                       "torchsparse_pp model's state dict, or back (docs/migrating.md)"))
     command("info", _info, "print versions and available kernels")
     synth = command("synth", _synth, "write a synthetic LiDAR dataset in a real on-disk format")
     synth.add_argument("--out", required=True, help="new or empty directory to write into")

@@ -13,7 +13,7 @@ __all__ = ["ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "TrainConf
            "load_config", "config_from_dict", "config_to_dict", "apply_overrides", "dump_config", "DATA_FORMATS"]
 
 DATA_FORMATS = ("semantickitti", "nuscenes", "detection")
-MODELS = ("minkunet", "centerpoint")
+MODELS = ("minkunet", "spvcnn", "centerpoint")
 DEVICES = ("cpu", "cuda")
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "constant")
@@ -42,8 +42,8 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "minkunet"                 # minkunet | centerpoint
-    cr: float = 1.0                        # MinkUNet channel ratio
+    name: str = "minkunet"                 # minkunet | spvcnn | centerpoint
+    cr: float = 1.0                        # MinkUNet / SPVCNN channel ratio
     centerpoint_preset: str = "synthetic"  # synthetic | nuscenes | waymo
     centerpoint: Dict[str, Any] = field(default_factory=dict)  # CenterPointConfig field overrides
 
@@ -111,7 +111,7 @@ class Config:
             raise ConfigError("data.root is required (the dataset's root directory)")
         if (self.data.format == "detection") != (self.model.name == "centerpoint"):
             raise ConfigError(f"model.name={self.model.name!r} does not fit data.format={self.data.format!r}: "
-                              "centerpoint trains on the detection format, minkunet on semantickitti or nuscenes")
+                              "centerpoint trains on the detection format, minkunet and spvcnn on semantickitti or nuscenes")
         _positive("data.voxel_size", self.data.voxel_size)
         for name in ("data.crop", "model.cr", "optim.lr", "optim.grad_clip"):
             value = _get(self, name)

@@ -16,7 +16,8 @@ from ..data.transforms import Compose, PointCap, RandomFlip, RandomRotation, Ran
 from ..utils import sparse_collate_fn
 from .config import Config, ConfigError
 
-__all__ = ["build_dataset", "build_loader", "ResumableSampler", "SegmentationData", "DetectionFrames",
+__all__ = ["build_dataset", "build_loader", "ResumableSampler", "SegmentationData", "PointSegmentationData",
+           "DetectionFrames",
            "class_names", "CropXY"]
 
 # Feature columns per point of each reader (MinkUNet's in_channels).
@@ -84,6 +85,17 @@ class SegmentationData(_SeededFrames):
         return self.reader.voxelize(self.frame(item))
 
 
+class PointSegmentationData(SegmentationData):
+    """SegmentationData plus the frame's ``points`` (float32 ``[N, F]``, rows as ``point_targets``)
+    for point-level models (SPVCNN)."""
+
+    def __getitem__(self, item):
+        frame = self.frame(item)
+        sample = self.reader.voxelize(frame)
+        sample["points"] = torch.from_numpy(np.ascontiguousarray(frame["points"], dtype=np.float32))
+        return sample
+
+
 class DetectionFrames(_SeededFrames):
     """Raw detection frames for CenterPoint, which voxelises on its own grid: ``points`` float32
     tensor [N, 4], ``boxes`` [M, 7], ``box_labels`` [M]."""
@@ -128,7 +140,7 @@ def build_dataset(config: Config, train: bool) -> _SeededFrames:
     """The train (augmented when data.augment) or val split."""
     data = config.data
     reader = _reader(config, data.train_split if train else data.val_split)
-    wrapper = DetectionFrames if config.task == "detection" else SegmentationData
+    wrapper = {"centerpoint": DetectionFrames, "spvcnn": PointSegmentationData}.get(config.model.name, SegmentationData)
     dataset = wrapper(reader, [], data.max_scans)
     transforms: List = []
     if data.crop is not None:

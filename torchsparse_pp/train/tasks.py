@@ -5,14 +5,15 @@ from typing import Dict, List, Sequence
 import torch
 import torch.nn.functional as TF
 
-from ..models import CenterPoint, MinkUNet
+from ..models import SPVCNN, CenterPoint, MinkUNet
 from ..models.centerpoint import voxelize
+from ..point import PointTensor
 from .config import Config
 from .data import POINT_FEATURES
 from .distributed import all_reduce_sum, gather_objects
 from .metrics import IGNORE_INDEX, bev_map, confusion_matrix, iou_from_confusion, mean_iou
 
-__all__ = ["SegmentationTask", "DetectionTask", "build_task"]
+__all__ = ["SegmentationTask", "PointSegmentationTask", "DetectionTask", "build_task"]
 
 
 class SegmentationTask:
@@ -61,6 +62,38 @@ class SegmentationTask:
     @staticmethod
     def summary(result: Dict[str, object]) -> Dict[str, float]:
         return {"miou": result["miou"]}
+
+
+class PointSegmentationTask(SegmentationTask):
+    """SPVCNN: per-point logits, cross entropy over points (ignore 255), point confusion -> mIoU."""
+
+    def build_model(self) -> torch.nn.Module:
+        return SPVCNN(POINT_FEATURES[self.config.data.format], self.num_classes, self.config.model.cr)
+
+    def points(self, batch, device) -> PointTensor:
+        """The batch's points in voxel units, batch index first."""
+        rows = [torch.cat([torch.full((len(p), 1), b, dtype=torch.float32), p[:, :3] / self.config.data.voxel_size], 1)
+                for b, p in enumerate(_per_sample(batch["points"]))]
+        return PointTensor(torch.cat(_per_sample(batch["points"])).to(device), torch.cat(rows).to(device))
+
+    def forward(self, model, batch, device) -> torch.Tensor:
+        """Per-point logits of a batch."""
+        return model(self.points(batch, device))
+
+    def loss(self, model, batch, device) -> Dict[str, torch.Tensor]:
+        logits = self.forward(model, batch, device)
+        targets = torch.cat(_per_sample(batch["point_targets"])).to(device)
+        return {"loss": TF.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX)}
+
+    @torch.no_grad()
+    def eval_batch(self, model, batch, device) -> List[torch.Tensor]:
+        """Adds the batch to the confusion matrix; returns per-sample point predictions."""
+        pred = self.forward(model, batch, device).argmax(1).cpu()
+        targets = _per_sample(batch["point_targets"])
+        out = list(pred.split([len(t) for t in targets]))
+        for point_pred, tgt in zip(out, targets):
+            self.confusion += confusion_matrix(point_pred, tgt, self.num_classes)
+        return out
 
 
 class DetectionTask:
@@ -117,4 +150,8 @@ def _per_sample(value) -> List[torch.Tensor]:
 
 
 def build_task(config: Config, class_names: Sequence[str]):
-    return DetectionTask(config, class_names) if config.task == "detection" else SegmentationTask(config, class_names)
+    if config.task == "detection":
+        return DetectionTask(config, class_names)
+    if config.model.name == "spvcnn":
+        return PointSegmentationTask(config, class_names)
+    return SegmentationTask(config, class_names)

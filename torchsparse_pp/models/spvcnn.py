@@ -1,0 +1,62 @@
+"""SPVCNN: MinkUNet's voxel branch plus a point branch (Sparse Point-Voxel Convolution, SPVNAS).
+
+The voxel branch is MinkUNet's (same modules and parameter names); a point branch at full
+resolution is read from the voxels by trilinear interpolation after the stem, the encoder and the
+second and fourth decoder stages, refined by a linear layer (BN, ReLU) and added back, and is
+scattered (mean) into the voxels before the decoder stages. Predictions are per point.
+"""
+import torch
+from torch import nn
+
+from ..operators import cat
+from ..point import PointTensor, initial_voxelize, point_to_voxel, voxel_to_point
+from .minkunet import MinkUNet
+
+
+def _point_mlp(c_in: int, c_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(c_in, c_out), nn.BatchNorm1d(c_out), nn.ReLU(True))
+
+
+class SPVCNN(MinkUNet):
+    """``forward`` takes a PointTensor: ``in_channels`` features per point at float coordinates
+    ``(batch, x, y, z)`` in voxel units (point p lies in voxel floor(p)), and returns logits
+    ``[N_points, num_classes]`` in the input's row order."""
+
+    def __init__(self, in_channels: int = 4, num_classes: int = 19, cr: float = 1.0, dropout: float = 0.3):
+        super().__init__(in_channels, num_classes, cr)
+        cs = self.channels
+        self.point_transforms = nn.ModuleList([_point_mlp(cs[0], cs[4]), _point_mlp(cs[4], cs[6]),
+                                               _point_mlp(cs[6], cs[8])])
+        self.dropout = nn.Dropout(dropout)
+
+    def _decode(self, stage: int, y, skip):
+        return self.decoder[stage](cat([self.up[stage](y), skip]))
+
+    def forward(self, z: PointTensor) -> torch.Tensor:
+        if not isinstance(z, PointTensor):
+            raise TypeError(f"SPVCNN expects a PointTensor, got {type(z).__name__}")
+        if z.F.shape[1] != self.in_channels:
+            raise ValueError(f"SPVCNN was built for {self.in_channels} input channels, got {z.F.shape[1]}")
+        x0 = self.stem(initial_voxelize(z))
+        z0 = voxel_to_point(x0, z)
+        skips = [x0]
+        x = point_to_voxel(x0, z0)
+        for stage in self.encoder:
+            x = stage(x)
+            skips.append(x)
+        z1 = voxel_to_point(x, z0)
+        z1 = z1.replace_feats(z1.F + self.point_transforms[0](z0.F))
+
+        y = point_to_voxel(x, z1)
+        y = y.replace_feats(self.dropout(y.F))
+        y = self._decode(0, y, skips[3])
+        y = self._decode(1, y, skips[2])
+        z2 = voxel_to_point(y, z1)
+        z2 = z2.replace_feats(z2.F + self.point_transforms[1](z1.F))
+
+        y = point_to_voxel(y, z2)
+        y = y.replace_feats(self.dropout(y.F))
+        y = self._decode(2, y, skips[1])
+        y = self._decode(3, y, skips[0])
+        z3 = voxel_to_point(y, z2)
+        return self.classifier(z3.F + self.point_transforms[2](z2.F))
