@@ -166,6 +166,24 @@ def test_model_matches_spconv(model, seed, cpu_backward):
     assert torch.equal(ym.indices, yt.indices) and rel(ym.features, yt.features) < TOL
 
 
+def test_avg_pool_is_the_mean_of_present_inputs(seed):
+    """spconv runs SparseAvgPool3d on GPUs only; here it runs on the CPU: the dense sum over the
+    window divided by the number of present inputs, on the sites (and in the row order) of
+    spconv's max pool with the same geometry."""
+    from oracle import reference_conv
+
+    indices, shape = scan_indices(seed, voxel=(0.3, 0.3, 0.3))
+    feats = torch.randn(len(indices), 3, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    y = ours.SparseAvgPool3d(3, 2, padding=1)(ours.SparseConvTensor(feats, indices, shape, 2))
+    with single_thread():
+        ref = real.SparseMaxPool3d(3, 2, padding=1)(real.SparseConvTensor(feats, indices, shape, 2))
+    assert torch.equal(y.indices, ref.indices) and y.spatial_shape == ref.spatial_shape
+    total = reference_conv(indices, feats, torch.eye(3, dtype=torch.float64).repeat(27, 1, 1), y.indices, 3, 2, 1, 1)
+    count = reference_conv(indices, torch.ones(len(indices), 1, dtype=torch.float64),
+                           torch.ones(27, 1, 1, dtype=torch.float64), y.indices, 3, 2, 1, 1)
+    assert count.min() >= 1 and rel(y.features, total / count) < TOL
+
+
 def test_state_dicts_load_both_ways():
     theirs, mine = voxel_res_backbone(real), voxel_res_backbone(ours)
     a, b = theirs.state_dict(), mine.state_dict()

@@ -142,6 +142,23 @@ def test_transposed_conv_reuses_the_strided_map_and_its_padding(generator):
         spnn.Conv3d(4, 2, 2, stride=2, transposed=True).double()(mid)
 
 
+def test_empty_clip_range_gives_no_outputs_like_2_1(generator):
+    """2.1 clips a strided conv's outputs to [0, (max - (k - 1)) // s]: with max 1, k3 s2 has none
+    (the native map would refuse a range smaller than the kernel); the transposed conv that reuses
+    that map writes only its bias onto the fine coordinates."""
+    coords = torch.tensor([[0, 0, 0, 0], [0, 1, 1, 0], [0, 1, 0, 1]], dtype=torch.int32)
+    feats = torch.randn(3, 2, generator=generator, dtype=torch.float64)
+    x = torchsparse.SparseTensor(feats, coords)
+    down = spnn.Conv3d(2, 4, 3, stride=2).double()
+    mid = down(x)
+    assert mid.C.shape == (0, 4) and mid.F.shape == (0, 4) and mid.s == (2, 2, 2)
+    up = spnn.Conv3d(4, 2, 3, stride=2, transposed=True, bias=True).double()
+    y = up(mid)
+    assert y.C is coords and torch.equal(y.F, up.bias.detach().expand(3, 2))
+    y.F.sum().backward()
+    assert torch.equal(up.bias.grad, torch.full((2,), 3.0, dtype=torch.float64))
+
+
 def test_sparse_tensor_api(generator):
     coords = torch.randint(0, 9, (30, 3), generator=generator).int()
     coords = torch.unique(coords, dim=0)
@@ -281,6 +298,9 @@ def test_example_py_runs_through_alias(tmp_path):
         from torchsparse.nn import functional as F
         from torchsparse.utils.collate import sparse_collate_fn
         from torchsparse.utils.quantize import sparse_quantize
+        from torchsparse.nn.functional.devoxelize import calc_ti_weights  # spvnas imports it this way
+        from torchsparse.nn.utils import fapply, get_kernel_offsets
+        from torchsparse.utils.tensor_cache import TensorCache
 
         class RandomDataset:
             def __getitem__(self, _):

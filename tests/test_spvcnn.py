@@ -15,7 +15,6 @@ from torchsparse_pp.data import generate_scan
 from torchsparse_pp.data.synth import write_synthetic
 from torchsparse_pp.models import SPVCNN, MinkUNet
 from torchsparse_pp.point import PointTensor
-from torchsparse_pp.utils import sparse_quantize
 from torchsparse_models import spvnas_models
 
 

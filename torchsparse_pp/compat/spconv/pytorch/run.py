@@ -8,7 +8,7 @@ import torch
 from ....kmap import ConvGeometry, generative_map, strided_map
 from ....tensor import SparseTensor
 from .order import generative_order, strided_order
-from .tensor import MAX_NDIM, IndiceData, SparseConvTensor, pad3
+from .tensor import IndiceData, SparseConvTensor, pad3
 
 LibraryOp = Callable[[SparseTensor], SparseTensor]
 
@@ -65,6 +65,3 @@ def transposed(x: SparseConvTensor, geometry: ConvGeometry, op: LibraryOp):
     indices = x._state.indices_of(kmap.in_coords[order], x.ndim)
     return out.F[order], indices, kmap, order
 
-
-def spatial_dims(values, ndim: int) -> List[int]:
-    return list(values)[:ndim] if ndim < MAX_NDIM else list(values)

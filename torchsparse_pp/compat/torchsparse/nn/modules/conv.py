@@ -2,7 +2,6 @@
 2.1's offset order; ``[C_in, C_out]`` for a 1x1x1 stride-1 conv) and ``bias``, so 2.1
 checkpoints load with strict=True; semantics of nn.functional.conv3d."""
 import math
-from typing import Optional
 
 import torch
 from torch import nn
