@@ -2,7 +2,6 @@
 indices) becomes our CenterPoint backbone with equal outputs (real spconv 2.3.8 at one thread
 against our native backbone on a generated scan); back to spconv's layout it gives spconv the
 same outputs again; the CLI reports every tensor and fails in one line on a wrong config."""
-import contextlib
 import re
 from pathlib import Path
 
@@ -16,20 +15,11 @@ from torchsparse_pp.data import generate_scan
 from torchsparse_pp.models import CenterPoint
 from torchsparse_pp.utils import sparse_quantize
 from spconv_models import voxel_res_backbone
+from spconv_support import single_thread
 
 real = pytest.importorskip("spconv.pytorch")
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "centerpoint_synthetic.yaml"
-
-
-@contextlib.contextmanager
-def single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def zyx_scan(seed: int, batch: int = 2):

@@ -3,7 +3,6 @@ setting), on generated LiDAR scans: layers and whole models written against spco
 spconv's state_dict with strict=True and give spconv's indices (same row order), features and
 gradients. spconv's 1x1 layers are compared too: the adapter reproduces what spconv computes with
 its own stored weights (it is converted dense weights that spconv's 1x1 path gets wrong)."""
-import contextlib
 import subprocess
 import sys
 import textwrap
@@ -18,27 +17,10 @@ from torchsparse_pp.compat import spconv as ours  # noqa: E402
 from torchsparse_pp.data import generate_scan  # noqa: E402
 from torchsparse_pp.utils import sparse_quantize  # noqa: E402
 from spconv_models import minkunet, voxel_res_backbone  # noqa: E402
+from spconv_support import cpu_backward, single_thread  # noqa: E402,F401  (cpu_backward is a fixture)
 
 pytestmark = pytest.mark.spconv
 TOL = 1e-9  # float64 throughout: only the summation order differs
-
-
-@contextlib.contextmanager
-def single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
-@pytest.fixture
-def cpu_backward(monkeypatch):
-    """spconv's CPU backward asks torch.cuda for a stream it does not use (see test_spconv.py)."""
-    import spconv.pytorch.ops as spconv_ops
-    if not torch.cuda.is_available():
-        monkeypatch.setattr(spconv_ops, "get_current_stream", lambda: 0)
 
 
 def scan_indices(seed: int, axes=(0, 1, 2), voxel=(0.1, 0.1, 0.1), crop=18.0, batch=2):

@@ -59,6 +59,21 @@ def test_spvcnn_point_logits_and_gradients(cr, seed):
         assert grad is not None and grad.abs().sum() > 0, name
 
 
+def converted_pair(client, native, name: str, seed: int):
+    """``client`` randomised, its state_dict converted into ``native``; both in eval mode."""
+    randomize(client, seed)
+    state, report = to_native(client.state_dict(), native, table_for("torchsparse", name))
+    native.load_state_dict(state, strict=True)
+    client.eval(), native.eval()
+    return state, report
+
+
+def covering_range(coords: torch.Tensor):
+    """(batch, side, side, side) with a power-of-two side above every coordinate."""
+    side = 1 << int(np.ceil(np.log2(float(coords[:, 1:].max()) + 2)))
+    return (2, side, side, side)
+
+
 def test_spvcnn_matches_spvnas_after_conversion(seed, monkeypatch):
     """SPVNAS's SPVCNN (2.1 API, its names and layouts) and ours on the same points: equal
     per-point logits once its state_dict is converted. A spatial_range that covers the scans
@@ -74,15 +89,10 @@ def test_spvcnn_matches_spvnas_after_conversion(seed, monkeypatch):
     monkeypatch.setattr(torchsparse.nn.functional, "calc_ti_weights", exact)
     coords, feats = scan_points(seed)
     _, ClientSPVCNN = spvnas_models(torchsparse)
-    client = ClientSPVCNN(cr=0.25, num_classes=5).double()
-    randomize(client, seed)
-    native = SPVCNN(4, 5, 0.25).double()
-    state, report = to_native(client.state_dict(), native, table_for("torchsparse", "spvcnn"))
-    native.load_state_dict(state, strict=True)
-    client.eval(), native.eval()
-    side = 1 << int(np.ceil(np.log2(float(coords[:, 1:].max()) + 2)))
+    client, native = ClientSPVCNN(cr=0.25, num_classes=5).double(), SPVCNN(4, 5, 0.25).double()
+    state, report = converted_pair(client, native, "spvcnn", seed)
     with torch.no_grad():
-        want = client(torchsparse.PointTensor(feats, coords), (2, side, side, side))
+        want = client(torchsparse.PointTensor(feats, coords), covering_range(coords))
         got = native(PointTensor(feats, coords))
     assert torch.allclose(got, want, rtol=1e-9, atol=1e-9 * want.abs().max().item())
     assert any("x-fastest" in line for line in report.lines)
@@ -96,16 +106,11 @@ def test_minkunet_matches_spvnas_after_conversion(seed):
     cells = torch.unique(torch.cat([coords[:, :1], torch.floor(coords[:, 1:])], 1), dim=0).int()
     voxel_feats = torch.randn(len(cells), 4, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     ClientMinkUNet, _ = spvnas_models(torchsparse)
-    client = ClientMinkUNet(cr=0.25, num_classes=5).double()
-    randomize(client, seed)
-    native = MinkUNet(4, 5, 0.25).double()
-    state, report = to_native(client.state_dict(), native, table_for("torchsparse", "minkunet"))
-    native.load_state_dict(state, strict=True)
+    client, native = ClientMinkUNet(cr=0.25, num_classes=5).double(), MinkUNet(4, 5, 0.25).double()
+    _, report = converted_pair(client, native, "minkunet", seed)
     assert any("point_transforms" in line and "never reads" in line for line in report.lines)
-    client.eval(), native.eval()
-    side = 1 << int(np.ceil(np.log2(float(cells[:, 1:].max()) + 2)))
     with torch.no_grad():
-        want = client(torchsparse.SparseTensor(voxel_feats, cells, 1, (2, side, side, side)))
+        want = client(torchsparse.SparseTensor(voxel_feats, cells, 1, covering_range(cells)))
         got = native(SparseTensor(voxel_feats, cells))
     assert torch.allclose(got, want, rtol=1e-10, atol=1e-10 * want.abs().max().item())
 

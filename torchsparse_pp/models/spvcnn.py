@@ -29,8 +29,15 @@ class SPVCNN(MinkUNet):
                                                _point_mlp(cs[6], cs[8])])
         self.dropout = nn.Dropout(dropout)
 
-    def _decode(self, stage: int, y, skip):
-        return self.decoder[stage](cat([self.up[stage](y), skip]))
+    def _decode_half(self, y, z: PointTensor, first: int, skips, transform: int):
+        """Point features into ``y``'s voxels, decoder stages ``first`` and ``first + 1`` (joined
+        with their skips), then the voxels back at the points plus the refined point features."""
+        y = point_to_voxel(y, z)
+        y = y.replace_feats(self.dropout(y.F))
+        for stage in (first, first + 1):
+            y = self.decoder[stage](cat([self.up[stage](y), skips[3 - stage]]))
+        z_next = voxel_to_point(y, z)
+        return y, z_next.replace_feats(z_next.F + self.point_transforms[transform](z.F))
 
     def forward(self, z: PointTensor) -> torch.Tensor:
         if not isinstance(z, PointTensor):
@@ -46,17 +53,6 @@ class SPVCNN(MinkUNet):
             skips.append(x)
         z1 = voxel_to_point(x, z0)
         z1 = z1.replace_feats(z1.F + self.point_transforms[0](z0.F))
-
-        y = point_to_voxel(x, z1)
-        y = y.replace_feats(self.dropout(y.F))
-        y = self._decode(0, y, skips[3])
-        y = self._decode(1, y, skips[2])
-        z2 = voxel_to_point(y, z1)
-        z2 = z2.replace_feats(z2.F + self.point_transforms[1](z1.F))
-
-        y = point_to_voxel(y, z2)
-        y = y.replace_feats(self.dropout(y.F))
-        y = self._decode(2, y, skips[1])
-        y = self._decode(3, y, skips[0])
-        z3 = voxel_to_point(y, z2)
-        return self.classifier(z3.F + self.point_transforms[2](z2.F))
+        y, z2 = self._decode_half(x, z1, 0, skips, 1)
+        _, z3 = self._decode_half(y, z2, 2, skips, 2)
+        return self.classifier(z3.F)
