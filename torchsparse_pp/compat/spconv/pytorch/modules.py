@@ -15,32 +15,29 @@ class SparseModule(nn.Module):
         self._sparse_unique_name = ""
 
 
-class SparseBatchNorm(nn.BatchNorm1d):
+class _OnFeatures:
+    """A torch module that also takes a SparseConvTensor (applied to its features)."""
+
     def forward(self, input):
         if isinstance(input, SparseConvTensor):
             return input.replace_feature(super().forward(input.features))
         return super().forward(input)
 
 
-class SparseSyncBatchNorm(nn.SyncBatchNorm):
-    def forward(self, input):
-        if isinstance(input, SparseConvTensor):
-            return input.replace_feature(super().forward(input.features))
-        return super().forward(input)
+class SparseBatchNorm(_OnFeatures, nn.BatchNorm1d):
+    pass
 
 
-class SparseReLU(nn.ReLU):
-    def forward(self, input):
-        if isinstance(input, SparseConvTensor):
-            return input.replace_feature(super().forward(input.features))
-        return super().forward(input)
+class SparseSyncBatchNorm(_OnFeatures, nn.SyncBatchNorm):
+    pass
 
 
-class SparseIdentity(nn.Identity):
-    def forward(self, input):
-        if isinstance(input, SparseConvTensor):
-            return input.replace_feature(super().forward(input.features))
-        return super().forward(input)
+class SparseReLU(_OnFeatures, nn.ReLU):
+    pass
+
+
+class SparseIdentity(_OnFeatures, nn.Identity):
+    pass
 
 
 def is_spconv_module(module: nn.Module) -> bool:

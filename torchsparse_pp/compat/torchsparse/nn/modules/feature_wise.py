@@ -6,31 +6,31 @@ from ...tensor import SparseTensor
 from ..utils import fapply
 
 
-class ReLU(nn.ReLU):
+class _OnFeats:
+    """A torch module applied to a SparseTensor's features (2.1's fapply)."""
+
     def forward(self, input: SparseTensor) -> SparseTensor:
         return fapply(input, super().forward)
 
 
-class LeakyReLU(nn.LeakyReLU):
-    def forward(self, input: SparseTensor) -> SparseTensor:
-        return fapply(input, super().forward)
+class ReLU(_OnFeats, nn.ReLU):
+    pass
 
 
-class SiLU(nn.SiLU):
-    def forward(self, input: SparseTensor) -> SparseTensor:
-        return fapply(input, super().forward)
+class LeakyReLU(_OnFeats, nn.LeakyReLU):
+    pass
 
 
-class BatchNorm(nn.BatchNorm1d):
-    def forward(self, input: SparseTensor) -> SparseTensor:
-        return fapply(input, super().forward)
+class SiLU(_OnFeats, nn.SiLU):
+    pass
 
 
-class InstanceNorm(nn.InstanceNorm1d):
+class BatchNorm(_OnFeats, nn.BatchNorm1d):
+    pass
+
+
+class InstanceNorm(_OnFeats, nn.InstanceNorm1d):
     """As in 2.1: torch's InstanceNorm1d over the ``[N, C]`` features (all points together)."""
-
-    def forward(self, input: SparseTensor) -> SparseTensor:
-        return fapply(input, super().forward)
 
 
 class GroupNorm(nn.GroupNorm):
