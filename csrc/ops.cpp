@@ -45,12 +45,15 @@ TORCH_LIBRARY(torchsparse_pp, m) {
   m.def(
       "gather_scatter_wgrad(Tensor feats, Tensor grad_out, Tensor src_idx, Tensor dst_idx, "
       "Tensor offsets, Tensor identity, bool deterministic=False) -> Tensor");
+  // deterministic / allow_tf32 choose among the CUDA kernels (owned-rows forward; TF32 tensor
+  // cores); the CPU kernels are deterministic and exact whatever they say.
   m.def(
       "fetch_on_demand_forward(Tensor feats, Tensor weight, Tensor src_idx, Tensor dst_idx, "
-      "Tensor offsets, Tensor identity, int num_dst, bool transpose_weight) -> Tensor");
+      "Tensor offsets, Tensor identity, int num_dst, bool transpose_weight, bool deterministic=False, "
+      "bool allow_tf32=False) -> Tensor");
   m.def(
       "fetch_on_demand_wgrad(Tensor feats, Tensor grad_out, Tensor src_idx, Tensor dst_idx, "
-      "Tensor offsets, Tensor identity) -> Tensor");
+      "Tensor offsets, Tensor identity, bool allow_tf32=False) -> Tensor");
   m.def(
       "implicit_gemm_forward(Tensor feats, Tensor weight, Tensor table, int num_dst, "
       "bool transpose_weight, Tensor bounds, Tensor order, Tensor tile_masks, int tile_rows, "

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Compile check of the CUDA sources without a GPU (CI runs it; so can anyone with nvcc):
 #   1. the generated kernel instantiations are what tools/generate_kernels.py writes now;
-#   2. every csrc/cuda/**/*.cu compiles with nvcc for sm_80 and sm_90;
-#   3. every ATen wrapper (csrc/cuda/**/*.cpp, and ops.cpp) compiles with -DTSPP_WITH_CUDA.
+#   2. every csrc/cuda/**/*.cu compiles with nvcc for sm_80 and sm_90, with ptxas' resource
+#      report (-Xptxas -v);
+#   3. tools/ptxas_report.py prints every kernel's registers, static shared memory and spills
+#      and fails on any spill, stack frame, or shared memory above the 48 KiB static limit;
+#   4. every ATen wrapper (csrc/cuda/**/*.cpp, and ops.cpp) compiles with -DTSPP_WITH_CUDA.
 # Nothing here runs a kernel. Objects go to a temporary directory and are thrown away.
 #
-# Environment: PYTHON (python3), NVCC (nvcc on PATH), CUDA_CHECK_ARCHS ("80 90"), JOBS (nproc).
+# Environment: PYTHON (python3), NVCC (nvcc on PATH), CUDA_CHECK_ARCHS ("80 90"), JOBS (nproc),
+# CUDA_CHECK_MARKDOWN (also write the resource table there, as docs/gpu.md carries it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -40,11 +44,16 @@ if ! "$PYTHON" -c "import torch.utils.cpp_extension as e, os, sys; sys.exit(not 
 fi
 torch_includes="$torch_includes -I$out/shim"
 
+mkdir -p "$out/reports"
 export NVCC gencode torch_includes python_include cuda_include out
 compile_cu() {
+  # setup.py's nvcc flags (less -lineinfo, which changes no code); ptxas' report of every kernel goes to <source>.ptxas.
+  local name
+  name=$(echo "$1" | sed 's|^csrc/cuda/||; s|/generated/|/|' | tr '/' '.')
   # shellcheck disable=SC2086
   "$NVCC" -c -O3 -std=c++17 --expt-relaxed-constexpr -DTSPP_WITH_CUDA $gencode $torch_includes \
-    -I"$python_include" -Xcompiler -fPIC "$1" -o "$out/$(echo "$1" | tr '/' '_').o" || { echo "[cuda-check] FAILED: $1" >&2; return 1; }
+    -I"$python_include" -Xcompiler -fPIC -Xptxas -v "$1" -o "$out/$name.o" 2> "$out/reports/$name.ptxas" ||
+    { cat "$out/reports/$name.ptxas" >&2; echo "[cuda-check] FAILED: $1" >&2; return 1; }
 }
 compile_cpp() {
   # shellcheck disable=SC2086
@@ -57,6 +66,8 @@ cu_files=$(find csrc/cuda -name '*.cu' | sort)
 cpp_files=$( (find csrc/cuda -name '*.cpp'; echo csrc/ops.cpp) | sort)
 echo "[cuda-check] nvcc ($ARCHS): $(echo "$cu_files" | grep -c . ) .cu files, $JOBS jobs"
 echo "$cu_files" | grep . | xargs -P "$JOBS" -I{} bash -c 'compile_cu {}'
+echo "[cuda-check] ptxas resources (registers / static shared KiB / spill bytes) per kernel and tile"
+"$PYTHON" tools/ptxas_report.py "$out"/reports/*.ptxas ${CUDA_CHECK_MARKDOWN:+--markdown "$CUDA_CHECK_MARKDOWN"}
 echo "[cuda-check] g++ -DTSPP_WITH_CUDA: $(echo "$cpp_files" | grep -c .) wrapper files"
 echo "$cpp_files" | grep . | xargs -P "$JOBS" -I{} bash -c 'compile_cpp {}'
-echo "[cuda-check] all CUDA sources compile"
+echo "[cuda-check] all CUDA sources compile; no kernel spills"

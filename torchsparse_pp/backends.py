@@ -17,6 +17,14 @@ same maps in plain torch tensor ops (torchsparse_pp.kmap.torch_ops), which run o
 None picks per device: "native" on the CPU, "torch" elsewhere (CUDA included, because the
 native CUDA map builders have not yet run on a GPU). Both give identical maps. A map remembers
 the backend that built it, and its views use the same one.
+
+``validate_plans`` (default False): the GPU kernels trust the index structures they follow (pair
+lists, tables, implicit-GEMM plans), which the library validates once, on the device, when a map
+builds and caches each view (torchsparse_pp.ops.validate); a conv call then only launches
+kernels, with no host copy or synchronisation (so it can be captured in a CUDA graph). True makes
+the op wrappers in torchsparse_pp.ops (the native dataflow ops, direct calls and conv calls alike)
+validate their index arguments before every call: one synchronisation per call, for tests and
+debugging. The CPU ops check their arguments on every call either way.
 """
 import sys
 import types
@@ -41,6 +49,7 @@ class _Backends(types.ModuleType):
     _deterministic = False
     _allow_tf32 = False
     _kmap_backend = None
+    _validate_plans = False
 
     @property
     def deterministic(self) -> bool:
@@ -65,6 +74,14 @@ class _Backends(types.ModuleType):
     @kmap_backend.setter
     def kmap_backend(self, value) -> None:
         self._kmap_backend = _check_kmap_backend(value)
+
+    @property
+    def validate_plans(self) -> bool:
+        return self._validate_plans
+
+    @validate_plans.setter
+    def validate_plans(self, value: bool) -> None:
+        self._validate_plans = _check_bool("validate_plans", value)
 
 
 sys.modules[__name__].__class__ = _Backends

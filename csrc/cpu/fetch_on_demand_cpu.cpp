@@ -41,9 +41,28 @@ at::Tensor fetch_on_demand_wgrad_cpu(const at::Tensor& feats_in, const at::Tenso
   return dweight;
 }
 
+namespace {
+
+// The schema's deterministic / allow_tf32 choose among the CUDA kernels; these kernels are
+// deterministic by construction and exact (the CPU has no TF32 unit) whatever they say.
+at::Tensor fetch_on_demand_forward_op(const at::Tensor& feats, const at::Tensor& weight, const at::Tensor& src_idx,
+                                      const at::Tensor& dst_idx, const at::Tensor& offsets,
+                                      const at::Tensor& identity, int64_t num_dst, bool transpose_weight,
+                                      bool /*deterministic*/, bool /*allow_tf32*/) {
+  return fetch_on_demand_forward_cpu(feats, weight, src_idx, dst_idx, offsets, identity, num_dst, transpose_weight);
+}
+
+at::Tensor fetch_on_demand_wgrad_op(const at::Tensor& feats, const at::Tensor& grad, const at::Tensor& src_idx,
+                                    const at::Tensor& dst_idx, const at::Tensor& offsets, const at::Tensor& identity,
+                                    bool /*allow_tf32*/) {
+  return fetch_on_demand_wgrad_cpu(feats, grad, src_idx, dst_idx, offsets, identity);
+}
+
+}  // namespace
+
 TORCH_LIBRARY_IMPL(torchsparse_pp, CPU, m) {
-  m.impl("fetch_on_demand_forward", &fetch_on_demand_forward_cpu);
-  m.impl("fetch_on_demand_wgrad", &fetch_on_demand_wgrad_cpu);
+  m.impl("fetch_on_demand_forward", &fetch_on_demand_forward_op);
+  m.impl("fetch_on_demand_wgrad", &fetch_on_demand_wgrad_op);
 }
 
 }  // namespace torchsparse_pp

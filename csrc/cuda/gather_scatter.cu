@@ -1,4 +1,4 @@
-// Gather, scatter-add and pair-check kernels of the gather-GEMM-scatter dataflow.
+// Gather and scatter-add kernels of the gather-GEMM-scatter dataflow.
 //
 // All kernels are grid-stride loops over a flat index of (row, word or vector). The index is
 // 32-bit when the flat size is below 2^31 (cheap division) and 64-bit otherwise; every element
@@ -122,40 +122,6 @@ cudaError_t scatter_typed(const void* rows, const int32_t* idx, int64_t n, int64
   return scatter_vectors<T, Acc, 1>(rows, idx, n, channels, out, stream);
 }
 
-// ---- pair checks ---------------------------------------------------------------------------
-
-__global__ void check_pairs_kernel(const int32_t* __restrict__ src, const int32_t* __restrict__ dst,
-                                   int64_t num_pairs, const int64_t* __restrict__ offsets,
-                                   const bool* __restrict__ identity, int64_t K, int64_t num_src, int64_t num_dst,
-                                   uint32_t* __restrict__ dst_seen, int32_t* __restrict__ status) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < num_pairs; j += step) {
-    // Offset of pair j: the last k in [0, K) with offsets[k] <= j (k = 0 if none). Only
-    // offsets[0, K) is read, so unvalidated offsets cannot take the search out of bounds.
-    int64_t lo = 0, hi = K - 1;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi + 1) / 2;
-      if (offsets[mid] <= j) lo = mid;
-      else hi = mid - 1;
-    }
-    const int64_t k = lo;
-    const int32_t s = src[j], d = dst[j];
-    int32_t flags = 0;
-    if (s < 0 || s >= num_src) flags |= kSourceOutOfRange;
-    const bool d_in_range = d >= 0 && d < num_dst;
-    if (!d_in_range) flags |= kDestinationOutOfRange;
-    if (flags) atomicOr(status, flags);
-    if (identity[k]) {
-      const int64_t row = j - offsets[k];
-      if (s != row || d != row) status[1 + k] = 1;
-    } else if (d_in_range) {
-      const int64_t bit = k * num_dst + d;
-      const uint32_t mask = 1u << (bit & 31);
-      if (atomicOr(dst_seen + (bit >> 5), mask) & mask) status[1 + K + k] = 1;
-    }
-  }
-}
-
 }  // namespace
 
 cudaError_t launch_gather_rows(const void* src, const int32_t* idx, int64_t valid, int64_t rows,
@@ -180,16 +146,6 @@ cudaError_t launch_scatter_add_rows(const void* rows, ScatterTypes types, const 
       return scatter_typed<__nv_bfloat16, float>(rows, idx, n, channels, out, stream);
   }
   return cudaErrorInvalidValue;
-}
-
-cudaError_t launch_check_pairs(const int32_t* src, const int32_t* dst, int64_t num_pairs, const int64_t* offsets,
-                               const bool* identity, int64_t K, int64_t num_src, int64_t num_dst,
-                               uint32_t* dst_seen, int32_t* status, cudaStream_t stream) {
-  // Without offsets no pair has an owner; the caller's offsets check rejects num_pairs > 0.
-  if (num_pairs <= 0 || K <= 0) return cudaSuccess;
-  check_pairs_kernel<<<blocks_for(num_pairs), kThreads, 0, stream>>>(src, dst, num_pairs, offsets, identity, K,
-                                                                      num_src, num_dst, dst_seen, status);
-  return cudaGetLastError();
 }
 
 }  // namespace gather_scatter_kernels

@@ -30,20 +30,5 @@ cudaError_t launch_gather_rows(const void* src, const int32_t* idx, int64_t vali
 cudaError_t launch_scatter_add_rows(const void* rows, ScatterTypes types, const int32_t* idx, int64_t n,
                                     int64_t channels, void* out, cudaStream_t stream);
 
-// Flag bits of status[0] written by launch_check_pairs.
-constexpr int32_t kSourceOutOfRange = 1;
-constexpr int32_t kDestinationOutOfRange = 2;
-
-// One pass over the weight-stationary pairs [0, num_pairs), offset k owning
-// [offsets[k], offsets[k + 1]). Memory-safe for any offsets content (the caller validates them
-// on the host after the pass). Writes into status (int32, zeroed by the caller, 1 + 2K entries):
-//   status[0]          |= kSourceOutOfRange / kDestinationOutOfRange;
-//   status[1 + k]       = 1 if identity[k] and some pair j of k is not (j - offsets[k], same);
-//   status[1 + K + k]   = 1 if offset k holds some destination more than once.
-// dst_seen is a zeroed bitmap of K * num_dst bits ((K * num_dst + 31) / 32 words).
-cudaError_t launch_check_pairs(const int32_t* src, const int32_t* dst, int64_t num_pairs, const int64_t* offsets,
-                               const bool* identity, int64_t K, int64_t num_src, int64_t num_dst,
-                               uint32_t* dst_seen, int32_t* status, cudaStream_t stream);
-
 }  // namespace gather_scatter_kernels
 }  // namespace torchsparse_pp

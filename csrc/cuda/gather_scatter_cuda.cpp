@@ -4,8 +4,16 @@
 // Per offset: gather the source rows into a contiguous buffer, one at::mm (or one at::bmm per
 // adaptive group), scatter-add the products into the output by destination. Offsets run one
 // after another on the current stream, and within one offset every destination appears at most
-// once (checked), so the scatter needs no atomics: stream order separates the offsets, and
-// inside one launch no two threads write the same output element.
+// once, so the scatter needs no atomics: stream order separates the offsets, and inside one
+// launch no two threads write the same output element.
+//
+// The loop over offsets runs on the host, so it needs the per-offset pair counts and identity
+// flags there. The library passes the host copies it keeps beside each pair view (offsets and
+// identity as CPU tensors): then a call reads nothing back from the device and never
+// synchronises. Given on the device, they are copied back (one synchronising read). Index values
+// are not checked per call: the library validates a pair view once when it builds it
+// (torchsparse_pp/ops/validate.py), and `backends.validate_plans = True` makes the Python
+// wrappers validate before every call.
 //
 // Deterministic by construction: the offsets' order, the group shapes and every kernel's
 // work split depend only on the map, no kernel uses atomics on data, and cuBLAS returns
@@ -43,18 +51,18 @@ void check_same_device(const at::Tensor& t, const char* name, const at::Tensor& 
   TORCH_CHECK(t.device() == feats.device(), name, " is on ", t.device(), " but feats are on ", feats.device());
 }
 
-// Offsets and identity flags of validated pairs, on the host.
+// Offsets and identity flags on the host.
 struct HostPairs {
   std::vector<int64_t> offsets;  // K + 1
   std::vector<bool> identity;    // K
 };
 
-// The CPU's check_pairs on device data: shapes and dtypes here, then one kernel pass over the
-// pairs (index ranges, identity offsets really (j, j), destinations unique per offset) and one
-// device-to-host copy that brings back the offsets, the identity flags and the findings.
-HostPairs check_pairs_cuda(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at::Tensor& offsets,
-                           const at::Tensor& identity, int64_t K, int64_t num_src, int64_t num_dst,
-                           const at::Device& device) {
+// Shapes, dtypes and devices of the pairs; the offsets and identity flags on the host (read
+// directly from CPU tensors, else copied back from the device), checked so that the host loop
+// stays within the pair lists whatever the tensors hold.
+HostPairs host_pairs(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at::Tensor& offsets,
+                     const at::Tensor& identity, int64_t K, int64_t num_src, int64_t num_dst,
+                     const at::Device& device) {
   TORCH_CHECK(src_idx.scalar_type() == at::kInt && dst_idx.scalar_type() == at::kInt &&
                   src_idx.dim() == 1 && src_idx.sizes() == dst_idx.sizes(),
               "pair indices must be two int32 vectors of equal length");
@@ -62,44 +70,29 @@ HostPairs check_pairs_cuda(const at::Tensor& src_idx, const at::Tensor& dst_idx,
               "offsets must be an int64 vector of length K + 1 = ", K + 1, ", got ", offsets.sizes());
   TORCH_CHECK(identity.scalar_type() == at::kBool && identity.dim() == 1 && identity.size(0) == K,
               "identity must be a bool vector of length K = ", K);
-  for (const auto* t : {&src_idx, &dst_idx, &offsets, &identity})
+  for (const auto* t : {&src_idx, &dst_idx})
     TORCH_CHECK(t->device() == device && t->is_contiguous(),
                 "pair tensors must be contiguous tensors on the feats' device (", device, "), got one on ",
                 t->device());
+  for (const auto* t : {&offsets, &identity})
+    TORCH_CHECK(t->device() == device || t->device().is_cpu(),
+                "offsets and identity must be on the feats' device (", device, ") or host copies on the CPU, "
+                "got one on ", t->device());
   TORCH_CHECK(num_dst >= 0, "num_dst must be >= 0, got ", num_dst);
 
-  const int64_t num_pairs = src_idx.size(0);
-  const auto on_device = at::TensorOptions().device(device);
-  at::Tensor status = at::zeros({1 + 2 * K}, on_device.dtype(at::kInt));
-  at::Tensor dst_seen = at::zeros({(K * num_dst + 31) / 32}, on_device.dtype(at::kInt));
-  C10_CUDA_CHECK(kernels::launch_check_pairs(
-      src_idx.data_ptr<int32_t>(), dst_idx.data_ptr<int32_t>(), num_pairs, offsets.data_ptr<int64_t>(),
-      identity.data_ptr<bool>(), K, num_src, num_dst, reinterpret_cast<uint32_t*>(dst_seen.data_ptr<int32_t>()),
-      status.data_ptr<int32_t>(), c10::cuda::getCurrentCUDAStream()));
-  const at::Tensor host = at::cat({offsets, identity.to(at::kLong), status.to(at::kLong)}).cpu();
+  const at::Tensor host = at::cat({offsets.cpu(), identity.cpu().to(at::kLong)});
   const int64_t* off = host.data_ptr<int64_t>();
   const int64_t* id = off + K + 1;
-  const int64_t* found = id + K;
-
+  const int64_t num_pairs = src_idx.size(0);
   // Same order and messages as the CPU's check_pairs.
   TORCH_CHECK(off[0] == 0 && off[K] == num_pairs, "offsets must start at 0 and end at the number of pairs (",
               num_pairs, "), got ", off[0], " and ", off[K]);
   for (int64_t k = 0; k < K; ++k)
     TORCH_CHECK(off[k] <= off[k + 1], "offsets must be non-decreasing, got offsets[", k, "] = ", off[k],
                 " > offsets[", k + 1, "] = ", off[k + 1]);
-  TORCH_CHECK(!(found[0] & kernels::kSourceOutOfRange), "a source index is out of range [0, ", num_src, ")");
-  TORCH_CHECK(!(found[0] & kernels::kDestinationOutOfRange), "a destination index is out of range [0, ", num_dst,
-              ")");
-  for (int64_t k = 0; k < K; ++k) {
-    if (!id[k]) continue;
-    TORCH_CHECK(off[k + 1] - off[k] == num_src && num_src == num_dst, "identity[", k, "] is set but offset ", k,
-                " does not pair all ", num_src, " sources with as many destinations");
-    TORCH_CHECK(!found[1 + k], "identity[", k, "] is set but offset ", k, " does not map every row j to row j");
-  }
-  // The scatter relies on this (no atomics); the CPU's pair lists guarantee it by construction.
   for (int64_t k = 0; k < K; ++k)
-    TORCH_CHECK(!found[1 + K + k], "offset ", k, " pairs some destination row more than once; the pairs of "
-                "one offset must name each destination at most once (as kmap_pairs builds them)");
+    TORCH_CHECK(!id[k] || (off[k + 1] - off[k] == num_src && num_src == num_dst), "identity[", k,
+                "] is set but offset ", k, " does not pair all ", num_src, " sources with as many destinations");
 
   HostPairs pairs;
   pairs.offsets.assign(off, off + K + 1);
@@ -107,7 +100,6 @@ HostPairs check_pairs_cuda(const at::Tensor& src_idx, const at::Tensor& dst_idx,
   for (int64_t k = 0; k < K; ++k) pairs.identity[k] = id[k] != 0;
   return pairs;
 }
-
 
 kernels::ScatterTypes scatter_types(at::ScalarType st) {
   switch (st) {
@@ -150,7 +142,7 @@ at::Tensor gather_scatter_forward_cuda(const at::Tensor& feats_in, const at::Ten
   const c10::cuda::CUDAGuard guard(feats_in.device());
   const int64_t K = weight_in.size(0);
   const HostPairs pairs =
-      check_pairs_cuda(src_idx, dst_idx, offsets, identity, K, feats_in.size(0), num_dst, feats_in.device());
+      host_pairs(src_idx, dst_idx, offsets, identity, K, feats_in.size(0), num_dst, feats_in.device());
 
   const at::Tensor feats = feats_in.contiguous();
   const at::Tensor weight = weight_in.contiguous();
@@ -177,23 +169,13 @@ at::Tensor gather_scatter_forward_cuda(const at::Tensor& feats_in, const at::Ten
   const auto groups = plan_offset_groups(off.data(), static_cast<int64_t>(pairs.identity.size()),
                                          [&](int64_t k) { return bool(pairs.identity[k]); }, epsilon, mm_thresh);
   int64_t max_rows = 0;
-  std::vector<int64_t> batched_members;  // members of multi-offset groups, group after group
-  for (const auto& g : groups) {
-    max_rows = std::max<int64_t>(max_rows, g.rows * static_cast<int64_t>(g.members.size()));
-    if (g.members.size() > 1) batched_members.insert(batched_members.end(), g.members.begin(), g.members.end());
-  }
+  for (const auto& g : groups) max_rows = std::max<int64_t>(max_rows, g.rows * static_cast<int64_t>(g.members.size()));
   const at::Tensor gathered = at::empty({max_rows, c_src}, feats.options());
   const at::Tensor product = at::empty({max_rows, c_dst}, feats.options());
-  // One host-to-device copy of every batched group's weight indices.
-  const at::Tensor member_index =
-      batched_members.empty()
-          ? at::Tensor()
-          : at::tensor(batched_members, at::TensorOptions().dtype(at::kLong)).to(feats.device());
   const int32_t* src = src_idx.data_ptr<int32_t>();
   const int32_t* dst = dst_idx.data_ptr<int32_t>();
   const auto types = scatter_types(feats.scalar_type());
 
-  int64_t member_cursor = 0;
   for (const auto& group : groups) {
     const int64_t L = group.rows, members = static_cast<int64_t>(group.members.size());
     for (int64_t j = 0; j < members; ++j) {
@@ -205,10 +187,12 @@ at::Tensor gather_scatter_forward_cuda(const at::Tensor& feats_in, const at::Ten
     if (members == 1) {
       at::mm_out(p, g, w[group.members[0]]);
     } else {
+      // The members' weights stacked on the device (an index tensor would need a host-to-device
+      // copy, which synchronises with pageable memory and cannot be captured in a CUDA graph).
+      std::vector<at::Tensor> member_weights;
+      for (const int64_t k : group.members) member_weights.push_back(w[k]);
       at::Tensor batched = p.view({members, L, c_dst});
-      at::bmm_out(batched, g.view({members, L, c_src}),
-                  w.index_select(0, member_index.narrow(0, member_cursor, members)));
-      member_cursor += members;
+      at::bmm_out(batched, g.view({members, L, c_src}), at::stack(member_weights));
     }
     for (int64_t j = 0; j < members; ++j) {
       const int64_t k = group.members[j];
@@ -233,7 +217,7 @@ at::Tensor gather_scatter_wgrad_cuda(const at::Tensor& feats_in, const at::Tenso
   const c10::cuda::CUDAGuard guard(feats_in.device());
   const int64_t K = identity.size(0);
   const HostPairs pairs =
-      check_pairs_cuda(src_idx, dst_idx, offsets, identity, K, feats_in.size(0), grad_in.size(0), feats_in.device());
+      host_pairs(src_idx, dst_idx, offsets, identity, K, feats_in.size(0), grad_in.size(0), feats_in.device());
 
   const at::Tensor feats = feats_in.contiguous();
   const at::Tensor grad = grad_in.contiguous();

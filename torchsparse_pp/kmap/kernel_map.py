@@ -1,9 +1,10 @@
 """A kernel map between an input coordinate set P and an output set Q, with its two views."""
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import torch
 
+from ..ops.validate import validate_pairs, validate_plan, validate_table
 from .dispatch import kmap_backend_for, kmap_ops
 from .geometry import ConvGeometry, Triple
 
@@ -14,15 +15,34 @@ OUT_IN_ROW_PADDING = 128
 @dataclass(frozen=True)
 class PairsView:
     """Weight-stationary view: the (in_idx, out_idx) pairs of offset k are
-    ``[offsets[k], offsets[k+1])``, sorted by output row; each output appears once per offset."""
+    ``[offsets[k], offsets[k+1])``, sorted by output or input row; each output and each input
+    appears once per offset.
+
+    ``host_offsets`` and ``host_identity`` are CPU copies of ``offsets`` and ``identity``, read
+    once when the view was built (the same tensors for CPU maps): schedules that loop over the
+    offsets on the host (gather_scatter) read them instead of the device, so no call synchronises.
+    """
     in_idx: torch.Tensor
     out_idx: torch.Tensor
     offsets: torch.Tensor
     identity: torch.Tensor
+    host_offsets: torch.Tensor
+    host_identity: torch.Tensor
 
     @property
     def pairs_per_offset(self) -> torch.Tensor:
         return self.offsets.diff()
+
+    @property
+    def counts(self) -> List[int]:
+        """Pairs per offset, from the host copy."""
+        return self.host_offsets.diff().tolist()
+
+
+def validates_views(device: torch.device) -> bool:
+    """Whether views of maps on ``device`` are validated when built: on GPUs, whose kernels check
+    nothing per call; the CPU ops check their arguments on every call."""
+    return device.type != "cpu"
 
 
 class KernelMap:
@@ -34,6 +54,10 @@ class KernelMap:
 
     ``backend`` names the kernel-map implementation that built it ('native' or 'torch'; None
     asks ``backends.kmap_backend`` for out_in's device); its views are built by the same one.
+
+    On GPUs every view (tables, pairs, plans) is validated once, on the device, when it is built
+    (torchsparse_pp.ops.validate): the kernels that follow it check nothing per call, so conv
+    calls over a cached map never synchronise.
     """
 
     def __init__(self, in_coords: torch.Tensor, out_coords: torch.Tensor, geometry: ConvGeometry,
@@ -52,6 +76,7 @@ class KernelMap:
         self._pairs: Dict[str, PairsView] = {}
         self._in_out: Optional[torch.Tensor] = None
         self._plans: Dict[Tuple[str, int, int, int], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._validated_tables: Set[str] = set()
 
     @property
     def _ops(self):
@@ -75,13 +100,20 @@ class KernelMap:
         """The same pairs, sorted within each offset by output row ('out') or input row ('in')."""
         if side not in self._pairs:
             if side == "out":
-                self._pairs[side] = PairsView(*self._ops.kmap_pairs(self.out_in, self.num_in, self.num_out))
+                ins, outs, offsets, identity = self._ops.kmap_pairs(self.out_in, self.num_in, self.num_out)
             elif side == "in":
                 # Pairs of the transposed table come sorted by input; swap back to map roles.
                 outs, ins, offsets, identity = self._ops.kmap_pairs(self.in_out, self.num_out, self.num_in)
-                self._pairs[side] = PairsView(ins, outs, offsets, identity)
             else:
                 raise ValueError(f"side must be 'out' or 'in', got {side!r}")
+            if validates_views(offsets.device):
+                # One pass on the device; its single read to the host also brings the counts.
+                host_offsets, host_identity = validate_pairs(ins, outs, offsets, identity, self.num_in, self.num_out,
+                                                             sorted_by="dst" if side == "out" else "src",
+                                                             unique_src=True)
+            else:
+                host_offsets, host_identity = offsets, identity
+            self._pairs[side] = PairsView(ins, outs, offsets, identity, host_offsets, host_identity)
         return self._pairs[side]
 
     @property
@@ -96,14 +128,24 @@ class KernelMap:
         """``out_in`` (rows are outputs, side 'out') or ``in_out`` (rows are inputs, side 'in')."""
         if side not in ("out", "in"):
             raise ValueError(f"side must be 'out' or 'in', got {side!r}")
-        return self.out_in if side == "out" else self.in_out
+        table = self.out_in if side == "out" else self.in_out
+        if side not in self._validated_tables:
+            if validates_views(table.device):
+                rows, sources = (self.num_out, self.num_in) if side == "out" else (self.num_in, self.num_out)
+                validate_table(table, rows, sources)
+            self._validated_tables.add(side)
+        return table
 
     def plan(self, side: str, split_mask_num: int, tile_rows: int, sort_window: int = 0):
         """Cached implicit-GEMM plan ``(bounds, order, tile_masks)`` of one table (see kmap_plan)."""
         key = (side, split_mask_num, tile_rows, sort_window)
         if key not in self._plans:
-            rows = self.num_out if side == "out" else self.num_in
-            self._plans[key] = self._ops.kmap_plan(self.table(side), rows, split_mask_num, tile_rows, sort_window)
+            rows, sources = (self.num_out, self.num_in) if side == "out" else (self.num_in, self.num_out)
+            table = self.table(side)
+            plan = self._ops.kmap_plan(table, rows, split_mask_num, tile_rows, sort_window)
+            if validates_views(table.device):
+                validate_plan(table, rows, sources, *plan, tile_rows)
+            self._plans[key] = plan
         return self._plans[key]
 
     def __repr__(self) -> str:

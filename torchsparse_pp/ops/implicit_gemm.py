@@ -1,7 +1,9 @@
 """Implicit-GEMM dataflow: torch.ops.torchsparse_pp.implicit_gemm_*."""
 import torch
 
+from .. import backends
 from .gather_scatter import forward_fake, wgrad_fake
+from .validate import validate_plan
 
 _ops = torch.ops.torchsparse_pp
 
@@ -12,7 +14,11 @@ def implicit_gemm_forward(feats: torch.Tensor, weight: torch.Tensor, table: torc
     """``out[r] = sum_k feats[table[r, k]] @ W[k]`` over tiles of destination rows, following a
     plan from kmap_plan (offset splits, optional sorted row order, per-tile offset masks).
 
-    ``allow_tf32`` lets CUDA kernels run float32 on TF32 tensor cores; CPU kernels are exact."""
+    ``allow_tf32`` lets CUDA kernels run float32 on TF32 tensor cores; CPU kernels are exact.
+    On CUDA the table and plan are not checked per call (see ``ops.validate``);
+    ``backends.validate_plans = True`` checks them here before every call."""
+    if backends.validate_plans:
+        validate_plan(table, num_dst, feats.shape[0], bounds, order, tile_masks, tile_rows)
     return _ops.implicit_gemm_forward(feats, weight, table, num_dst, transpose_weight, bounds, order,
                                       tile_masks, tile_rows, allow_tf32)
 
@@ -20,7 +26,10 @@ def implicit_gemm_forward(feats: torch.Tensor, weight: torch.Tensor, table: torc
 def implicit_gemm_wgrad(feats: torch.Tensor, grad_out: torch.Tensor, table: torch.Tensor,
                         bounds: torch.Tensor, order: torch.Tensor, tile_masks: torch.Tensor,
                         tile_rows: int, allow_tf32: bool = False) -> torch.Tensor:
-    """``dW[k] = sum_r feats[table[r, k]]^T grad_out[r]``, tile by tile."""
+    """``dW[k] = sum_r feats[table[r, k]]^T grad_out[r]``, tile by tile (checks as in
+    implicit_gemm_forward)."""
+    if backends.validate_plans:
+        validate_plan(table, grad_out.shape[0], feats.shape[0], bounds, order, tile_masks, tile_rows)
     return _ops.implicit_gemm_wgrad(feats, grad_out, table, bounds, order, tile_masks, tile_rows, allow_tf32)
 
 

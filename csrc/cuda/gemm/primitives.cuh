@@ -1,5 +1,7 @@
-// Thin wrappers over the PTX the implicit-GEMM kernels use: cp.async, ldmatrix, mma.sync.
-// ATen-free so nvcc compiles the kernels without torch headers.
+// Thin wrappers over the PTX the tiled kernels use: cp.async, ldmatrix, mma.sync.
+// ATen-free so nvcc compiles the kernels without torch headers. Statements that read or write
+// memory carry the "memory" clobber, so the compiler never moves plain loads and stores of the
+// same shared tiles across them (correctness must not hang on a neighbouring barrier).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,7 +12,7 @@
 #include <type_traits>
 
 namespace torchsparse_pp {
-namespace igemm {
+namespace gemm {
 
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -23,32 +25,36 @@ __device__ __forceinline__ void cp_async(void* smem, const void* global, int src
   static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
   if constexpr (BYTES == 16) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)), "l"(global),
-                 "r"(src_bytes));
+                 "r"(src_bytes)
+                 : "memory");
   } else {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_address(smem)), "l"(global),
-                 "n"(BYTES), "r"(src_bytes));
+                 "n"(BYTES), "r"(src_bytes)
+                 : "memory");
   }
 }
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 template <int PENDING>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
 }
 
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(smem)));
+               : "r"(smem_address(smem))
+               : "memory");
 }
 
 // Same, each matrix transposed on the way into registers.
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(smem)));
+               : "r"(smem_address(smem))
+               : "memory");
 }
 
 // D = A (16x16, row) * B (16x8, col) + D with float accumulators.
@@ -101,5 +107,5 @@ __device__ __forceinline__ T zero_value() {
   else return T(0);
 }
 
-}  // namespace igemm
+}  // namespace gemm
 }  // namespace torchsparse_pp

@@ -7,10 +7,8 @@
 #include "primitives.cuh"
 
 namespace torchsparse_pp {
-namespace igemm {
+namespace gemm {
 
-// fp16 / bf16 through mma.m16n8k16, fragments through ldmatrix. Warps tile the CTA as
-// WARPS_M x WARPS_N; each warp owns a (CTA_M / WARPS_M) x (CTA_N / WARPS_N) block.
 // Float accumulators of mma.sync m16n8 fragments: WARPS_M x WARPS_N warps tile the CTA, each
 // owning a (CTA_M / WARPS_M) x (CTA_N / WARPS_N) block of 16 x 8 fragments.
 template <int CTA_M, int CTA_N, int WARPS_M, int WARPS_N>
@@ -48,6 +46,7 @@ struct MmaAccumulators {
   }
 };
 
+// fp16 / bf16 through mma.m16n8k16, fragments through ldmatrix.
 template <typename T, int CTA_M, int CTA_N, int CTA_K, int WARPS_M, int WARPS_N, bool A_TRANS>
 struct MmaHalf : MmaAccumulators<CTA_M, CTA_N, WARPS_M, WARPS_N> {
   using Base = MmaAccumulators<CTA_M, CTA_N, WARPS_M, WARPS_N>;
@@ -179,5 +178,5 @@ struct Simt {
   }
 };
 
-}  // namespace igemm
+}  // namespace gemm
 }  // namespace torchsparse_pp

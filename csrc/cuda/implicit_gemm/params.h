@@ -6,18 +6,19 @@
 
 #include <cstdint>
 
+#include "../gemm/types.h"
+
 namespace torchsparse_pp {
 namespace igemm {
 
-enum class DType { kHalf, kBFloat16, kFloat, kDouble };
-
-// kDefault: tensor cores for fp16 / bf16 (float accumulators), SIMT for float32 / float64 (exact).
-// kTF32: float32 on TF32 tensor cores, only when the user allows it.
-enum class Math { kDefault, kTF32 };
+using gemm::DType;
+using gemm::Math;
+using gemm::TileShape;
 
 // An output-stationary table and its plan (see kmap_plan): rows are visited split by split, in
 // `order` (sorted plans) or in table order (order == nullptr); tile_masks say which offsets of
-// the split any row of a plan tile has, so whole tiles skip absent offsets.
+// the split any row of a plan tile has, so whole tiles skip absent offsets. The kernels trust
+// the plan: it is validated once when it is built (torchsparse_pp/ops/validate.py).
 struct PlanView {
   const int32_t* table;       // [table_rows >= num_rows, K], -1 = no neighbour
   const int32_t* order;       // [splits, order_len] or nullptr
@@ -55,32 +56,22 @@ struct WgradParams {
   int c_in;
   int c_out;
   int chunks;          // grid.z
-  int tiles_per_chunk;
+  int tiles_per_chunk; // plan tiles summed by one CTA
   PlanView plan;
-};
-
-// A tile shape of the generated table (tools/generate_kernels.py).
-struct TileShape {
-  int cta_m, cta_n, cta_k;
 };
 
 // Launchers of the generated instantiations. `wide` selects 16-byte vector loads (every row
 // start 16-byte aligned: channel counts multiples of 16 / sizeof(T) and aligned pointers);
 // otherwise element-wise loads. `acc_out` writes accumulator-type partials (several splits).
-// They return cudaErrorInvalidValue when no instantiation matches.
+// All shared memory is static (at most 48 KiB, which `make cuda-check` verifies per kernel), so
+// no launch needs an attribute set first. They return cudaErrorInvalidValue when no
+// instantiation matches.
 cudaError_t launch_forward(DType dtype, Math math, int tile, bool wide, bool acc_out, const ForwardParams& p,
                            cudaStream_t stream);
 cudaError_t launch_wgrad(DType dtype, Math math, int tile, bool wide, const WgradParams& p, cudaStream_t stream);
 
 // The tile shapes available for (dtype, math), in table order; count returned, at most `capacity` written.
 int tile_shapes(DType dtype, Math math, TileShape* shapes, int capacity);
-
-// Checks a table and plan before any kernel follows them. flags (4 zeroed ints) count: [0] table
-// entries outside [-1, num_src), [1] order entries outside [-1, num_rows), [2] neighbours whose
-// offset the mask of their plan tile lacks, [3] rows not listed exactly once per split (`row_counts`:
-// splits * num_rows zeroed ints; unused without an order).
-cudaError_t launch_validate_plan(const PlanView& plan, int64_t num_src, int32_t* row_counts, int32_t* flags,
-                                 cudaStream_t stream);
 
 }  // namespace igemm
 }  // namespace torchsparse_pp

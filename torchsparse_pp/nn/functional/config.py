@@ -19,8 +19,19 @@ from ...ops.triton import runtime as triton_runtime
 from ...ops.triton.tiles import check_tile_name
 
 DATAFLOWS = ("gather_scatter", "fetch_on_demand", "implicit_gemm")
-CUDA_DATAFLOWS = ("gather_scatter", "implicit_gemm")
 BACKENDS = ("native", "triton")
+
+
+def _has_cuda_kernels(dataflow: str) -> bool:
+    """Whether this build registered CUDA kernels for both ops of a dataflow."""
+    return all(torch._C._dispatch_has_kernel_for_dispatch_key(f"torchsparse_pp::{dataflow}_{op}", "CUDA")
+               for op in ("forward", "wgrad"))
+
+
+# The dataflows of the native CUDA kernels (csrc/cuda); fetch_on_demand only when this build has
+# its kernels.
+CUDA_DATAFLOWS = ("gather_scatter", "implicit_gemm") + (
+    ("fetch_on_demand",) if _has_cuda_kernels("fetch_on_demand") else ())
 
 # Dataflows that have native kernels, per device type; CUDA ones only when this build compiled them.
 IMPLEMENTED = {"cpu": DATAFLOWS}

@@ -8,8 +8,10 @@ which makes the dataflow deterministic by construction, as the native one. Offse
 row j to row j multiply the features as they are. The weight gradient gathers features and
 gradients per offset and runs one torch.mm each.
 
-The pair counts are read on the host once per call (as the native CUDA op does) to size the
-GEMMs.
+The loop over offsets runs on the host: ``offsets`` and ``identity`` are best given as the host
+(CPU) copies a KernelMap keeps beside each pair view (``OrientedMap.host_counts``), which the conv
+path passes, so that a call reads nothing back from the device; device tensors are copied back
+(one synchronisation).
 """
 from typing import List, Sequence, Tuple
 
@@ -93,7 +95,8 @@ def offset_groups(offsets: Sequence[int], identity: Sequence[bool], epsilon: flo
 
 
 def _host_pairs(offsets: torch.Tensor, identity: torch.Tensor):
-    host = torch.cat([offsets, identity.to(offsets.dtype)]).tolist()
+    """Offsets and identity flags as Python lists: free for host tensors, one read for device ones."""
+    host = torch.cat([offsets.cpu(), identity.cpu().to(offsets.dtype)]).tolist()
     volume = identity.shape[0]
     return host[:volume + 1], [bool(v) for v in host[volume + 1:]]
 
@@ -120,8 +123,10 @@ def forward(feats, weight, src_idx, dst_idx, offsets, identity, num_dst, transpo
         if len(members) == 1:
             torch.mm(gathered[:rows], w[members[0]], out=products[:rows])
         else:
-            batch = torch.as_tensor(members, device=feats.device)
-            torch.bmm(gathered[:rows * len(members)].view(len(members), rows, c_src), w[batch],
+            # Stacked on the device: an index tensor would need a host-to-device copy, which
+            # synchronises and cannot be captured in a CUDA graph.
+            torch.bmm(gathered[:rows * len(members)].view(len(members), rows, c_src),
+                      torch.stack([w[k] for k in members]),
                       out=products[:rows * len(members)].view(len(members), rows, c_dst))
         for j, k in enumerate(members):
             scatter_add_rows(products[j * rows:(j + 1) * rows], dst_idx[off[k]:off[k + 1]], out)

@@ -6,15 +6,15 @@ namespace torchsparse_pp {
 namespace igemm {
 
 cudaError_t forward_bf16_mma_m128n128k32(bool wide, bool acc_out, const ForwardParams& p, cudaStream_t stream) {
-  if (wide) return acc_out ? launch_forward_config<ForwardConfig<__nv_bfloat16, MmaHalf<__nv_bfloat16, 128, 128, 32, 2, 2, false>, 128, 128, 32, 8, float>>(p, stream)
-                           : launch_forward_config<ForwardConfig<__nv_bfloat16, MmaHalf<__nv_bfloat16, 128, 128, 32, 2, 2, false>, 128, 128, 32, 8, __nv_bfloat16>>(p, stream);
-  return acc_out ? launch_forward_config<ForwardConfig<__nv_bfloat16, MmaHalf<__nv_bfloat16, 128, 128, 32, 2, 2, false>, 128, 128, 32, 1, float>>(p, stream)
-                 : launch_forward_config<ForwardConfig<__nv_bfloat16, MmaHalf<__nv_bfloat16, 128, 128, 32, 2, 2, false>, 128, 128, 32, 1, __nv_bfloat16>>(p, stream);
+  if (wide) return acc_out ? launch_forward_config<ForwardConfig<__nv_bfloat16, MmaHalf<__nv_bfloat16, 128, 128, 32, 2, 2, false>, 128, 128, 32, true, float>>(p, stream)
+                           : launch_forward_config<ForwardConfig<__nv_bfloat16, MmaHalf<__nv_bfloat16, 128, 128, 32, 2, 2, false>, 128, 128, 32, true, __nv_bfloat16>>(p, stream);
+  return acc_out ? launch_forward_config<ForwardConfig<__nv_bfloat16, MmaHalf<__nv_bfloat16, 128, 128, 32, 2, 2, false>, 128, 128, 32, false, float>>(p, stream)
+                 : launch_forward_config<ForwardConfig<__nv_bfloat16, MmaHalf<__nv_bfloat16, 128, 128, 32, 2, 2, false>, 128, 128, 32, false, __nv_bfloat16>>(p, stream);
 }
 
 cudaError_t wgrad_bf16_mma_m128n128k32(bool wide, const WgradParams& p, cudaStream_t stream) {
-  return wide ? launch_wgrad_config<WgradConfig<__nv_bfloat16, MmaHalf<__nv_bfloat16, 128, 128, 32, 2, 2, true>, 128, 128, 32, 8>>(p, stream)
-              : launch_wgrad_config<WgradConfig<__nv_bfloat16, MmaHalf<__nv_bfloat16, 128, 128, 32, 2, 2, true>, 128, 128, 32, 1>>(p, stream);
+  return wide ? launch_wgrad_config<WgradConfig<__nv_bfloat16, MmaHalf<__nv_bfloat16, 128, 128, 32, 2, 2, true>, 128, 128, 32, true>>(p, stream)
+              : launch_wgrad_config<WgradConfig<__nv_bfloat16, MmaHalf<__nv_bfloat16, 128, 128, 32, 2, 2, true>, 128, 128, 32, false>>(p, stream);
 }
 
 }  // namespace igemm

@@ -52,8 +52,7 @@ int tile_shapes(DType dtype, Math math, TileShape* shapes, int capacity) {
   return count;
 }
 
-cudaError_t launch_forward(DType dtype, Math math, int tile, bool wide, bool acc_out, const ForwardParams& p,
-                           cudaStream_t stream) {
+cudaError_t launch_forward(DType dtype, Math math, int tile, bool wide, bool acc_out, const ForwardParams& p, cudaStream_t stream) {
   const Entry* e = find(dtype, math, tile);
   return e == nullptr ? cudaErrorInvalidValue : e->forward(wide, acc_out, p, stream);
 }

@@ -6,15 +6,15 @@ namespace torchsparse_pp {
 namespace igemm {
 
 cudaError_t forward_f16_mma_m64n64k32(bool wide, bool acc_out, const ForwardParams& p, cudaStream_t stream) {
-  if (wide) return acc_out ? launch_forward_config<ForwardConfig<__half, MmaHalf<__half, 64, 64, 32, 2, 2, false>, 64, 64, 32, 8, float>>(p, stream)
-                           : launch_forward_config<ForwardConfig<__half, MmaHalf<__half, 64, 64, 32, 2, 2, false>, 64, 64, 32, 8, __half>>(p, stream);
-  return acc_out ? launch_forward_config<ForwardConfig<__half, MmaHalf<__half, 64, 64, 32, 2, 2, false>, 64, 64, 32, 1, float>>(p, stream)
-                 : launch_forward_config<ForwardConfig<__half, MmaHalf<__half, 64, 64, 32, 2, 2, false>, 64, 64, 32, 1, __half>>(p, stream);
+  if (wide) return acc_out ? launch_forward_config<ForwardConfig<__half, MmaHalf<__half, 64, 64, 32, 2, 2, false>, 64, 64, 32, true, float>>(p, stream)
+                           : launch_forward_config<ForwardConfig<__half, MmaHalf<__half, 64, 64, 32, 2, 2, false>, 64, 64, 32, true, __half>>(p, stream);
+  return acc_out ? launch_forward_config<ForwardConfig<__half, MmaHalf<__half, 64, 64, 32, 2, 2, false>, 64, 64, 32, false, float>>(p, stream)
+                 : launch_forward_config<ForwardConfig<__half, MmaHalf<__half, 64, 64, 32, 2, 2, false>, 64, 64, 32, false, __half>>(p, stream);
 }
 
 cudaError_t wgrad_f16_mma_m64n64k32(bool wide, const WgradParams& p, cudaStream_t stream) {
-  return wide ? launch_wgrad_config<WgradConfig<__half, MmaHalf<__half, 64, 64, 32, 2, 2, true>, 64, 64, 32, 8>>(p, stream)
-              : launch_wgrad_config<WgradConfig<__half, MmaHalf<__half, 64, 64, 32, 2, 2, true>, 64, 64, 32, 1>>(p, stream);
+  return wide ? launch_wgrad_config<WgradConfig<__half, MmaHalf<__half, 64, 64, 32, 2, 2, true>, 64, 64, 32, true>>(p, stream)
+              : launch_wgrad_config<WgradConfig<__half, MmaHalf<__half, 64, 64, 32, 2, 2, true>, 64, 64, 32, false>>(p, stream);
 }
 
 }  // namespace igemm

@@ -6,14 +6,14 @@ namespace torchsparse_pp {
 namespace igemm {
 
 cudaError_t forward_f32_simt_m32n32k8(bool wide, bool acc_out, const ForwardParams& p, cudaStream_t stream) {
-  (void)acc_out;
-  return wide ? launch_forward_config<ForwardConfig<float, Simt<float, 32, 32, 8, 2, 2, false>, 32, 32, 8, 4, float>>(p, stream)
-              : launch_forward_config<ForwardConfig<float, Simt<float, 32, 32, 8, 2, 2, false>, 32, 32, 8, 1, float>>(p, stream);
+  (void)acc_out;  // float partials are the output type
+  return wide ? launch_forward_config<ForwardConfig<float, Simt<float, 32, 32, 8, 2, 2, false>, 32, 32, 8, true, float>>(p, stream)
+              : launch_forward_config<ForwardConfig<float, Simt<float, 32, 32, 8, 2, 2, false>, 32, 32, 8, false, float>>(p, stream);
 }
 
 cudaError_t wgrad_f32_simt_m32n32k8(bool wide, const WgradParams& p, cudaStream_t stream) {
-  return wide ? launch_wgrad_config<WgradConfig<float, Simt<float, 32, 32, 8, 2, 2, true>, 32, 32, 8, 4>>(p, stream)
-              : launch_wgrad_config<WgradConfig<float, Simt<float, 32, 32, 8, 2, 2, true>, 32, 32, 8, 1>>(p, stream);
+  return wide ? launch_wgrad_config<WgradConfig<float, Simt<float, 32, 32, 8, 2, 2, true>, 32, 32, 8, true>>(p, stream)
+              : launch_wgrad_config<WgradConfig<float, Simt<float, 32, 32, 8, 2, 2, true>, 32, 32, 8, false>>(p, stream);
 }
 
 }  // namespace igemm

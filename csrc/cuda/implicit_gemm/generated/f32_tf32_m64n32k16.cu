@@ -6,14 +6,14 @@ namespace torchsparse_pp {
 namespace igemm {
 
 cudaError_t forward_f32_tf32_m64n32k16(bool wide, bool acc_out, const ForwardParams& p, cudaStream_t stream) {
-  (void)acc_out;
-  return wide ? launch_forward_config<ForwardConfig<float, MmaTF32<64, 32, 16, 2, 2, false>, 64, 32, 16, 4, float>>(p, stream)
-              : launch_forward_config<ForwardConfig<float, MmaTF32<64, 32, 16, 2, 2, false>, 64, 32, 16, 1, float>>(p, stream);
+  (void)acc_out;  // float partials are the output type
+  return wide ? launch_forward_config<ForwardConfig<float, MmaTF32<64, 32, 16, 2, 2, false>, 64, 32, 16, true, float>>(p, stream)
+              : launch_forward_config<ForwardConfig<float, MmaTF32<64, 32, 16, 2, 2, false>, 64, 32, 16, false, float>>(p, stream);
 }
 
 cudaError_t wgrad_f32_tf32_m64n32k16(bool wide, const WgradParams& p, cudaStream_t stream) {
-  return wide ? launch_wgrad_config<WgradConfig<float, MmaTF32<64, 32, 16, 2, 2, true>, 64, 32, 16, 4>>(p, stream)
-              : launch_wgrad_config<WgradConfig<float, MmaTF32<64, 32, 16, 2, 2, true>, 64, 32, 16, 1>>(p, stream);
+  return wide ? launch_wgrad_config<WgradConfig<float, MmaTF32<64, 32, 16, 2, 2, true>, 64, 32, 16, true>>(p, stream)
+              : launch_wgrad_config<WgradConfig<float, MmaTF32<64, 32, 16, 2, 2, true>, 64, 32, 16, false>>(p, stream);
 }
 
 }  // namespace igemm

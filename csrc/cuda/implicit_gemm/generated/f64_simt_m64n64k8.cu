@@ -6,14 +6,14 @@ namespace torchsparse_pp {
 namespace igemm {
 
 cudaError_t forward_f64_simt_m64n64k8(bool wide, bool acc_out, const ForwardParams& p, cudaStream_t stream) {
-  (void)acc_out;
-  return wide ? launch_forward_config<ForwardConfig<double, Simt<double, 64, 64, 8, 4, 4, false>, 64, 64, 8, 2, double>>(p, stream)
-              : launch_forward_config<ForwardConfig<double, Simt<double, 64, 64, 8, 4, 4, false>, 64, 64, 8, 1, double>>(p, stream);
+  (void)acc_out;  // double partials are the output type
+  return wide ? launch_forward_config<ForwardConfig<double, Simt<double, 64, 64, 8, 8, 4, false>, 64, 64, 8, true, double>>(p, stream)
+              : launch_forward_config<ForwardConfig<double, Simt<double, 64, 64, 8, 8, 4, false>, 64, 64, 8, false, double>>(p, stream);
 }
 
 cudaError_t wgrad_f64_simt_m64n64k8(bool wide, const WgradParams& p, cudaStream_t stream) {
-  return wide ? launch_wgrad_config<WgradConfig<double, Simt<double, 64, 64, 8, 4, 4, true>, 64, 64, 8, 2>>(p, stream)
-              : launch_wgrad_config<WgradConfig<double, Simt<double, 64, 64, 8, 4, 4, true>, 64, 64, 8, 1>>(p, stream);
+  return wide ? launch_wgrad_config<WgradConfig<double, Simt<double, 64, 64, 8, 8, 4, true>, 64, 64, 8, true>>(p, stream)
+              : launch_wgrad_config<WgradConfig<double, Simt<double, 64, 64, 8, 8, 4, true>, 64, 64, 8, false>>(p, stream);
 }
 
 }  // namespace igemm

@@ -33,6 +33,13 @@ class OrientedMap:
             return p.out_idx, p.in_idx, p.offsets, p.identity
         return p.in_idx, p.out_idx, p.offsets, p.identity
 
+    def host_counts(self):
+        """``(offsets, identity)`` of the weight-stationary view as host (CPU) tensors, read once
+        when the view was built: what schedules that loop over the offsets on the host need,
+        with no device read per call. The same for every sort order."""
+        p = self.kmap.pairs_sorted_by("out")
+        return p.host_offsets, p.host_identity
+
     def side(self, rows: str) -> str:
         """The map side ('out' or 'in') whose table has one row per destination ('dst') or source ('src')."""
         wants_out = (rows == "dst") != self.transposed
