@@ -124,7 +124,7 @@ def test_model_matches_spconv(model, seed, cpu_backward):
     mode (forward and every gradient) and in eval mode (with non-trivial running statistics)."""
     if model == "voxel_res_backbone":
         make = voxel_res_backbone
-        indices, shape = scan_indices(seed, axes=(2, 1, 0), voxel=(0.1, 0.1, 0.15))  # (z, y, x) like OpenPCDet
+        indices, shape = scan_indices(seed, axes=(2, 1, 0), voxel=(0.1, 0.1, 0.15), crop=12.0)  # (z, y, x) like OpenPCDet
     else:
         make = minkunet
         indices, shape = scan_indices(seed, voxel=(0.2, 0.2, 0.2))

@@ -25,6 +25,7 @@ FOD = ConvConfig("fetch_on_demand")
 IG = ConvConfig("implicit_gemm")
 IG_SORTED2 = ConvConfig("implicit_gemm", sorted=True, split_mask_num=2)
 MIXED = PassConfigs(IG_SORTED2, FOD, GS_GROUPED)
+CPU_DEFAULT = config_module.DEVICE_DEFAULTS["cpu"]
 
 
 def native(cfg):
@@ -212,7 +213,7 @@ def test_wrong_config_type_raises_type_error(bad, gen):
     with pytest.raises(TypeError):
         with default_config(bad):
             pass
-    assert get_default_config() == PassConfigs.of(ConvConfig())
+    assert get_default_config() == CPU_DEFAULT
 
 
 def test_three_tuple_of_non_configs_raises_type_error(gen):
@@ -365,8 +366,10 @@ def test_strided_and_transposed_convs_dispatch_per_pass(kind, calls, gen):
 # --------------------------------------------------------------------------------------------
 # The global default
 # --------------------------------------------------------------------------------------------
-def test_get_default_config_starts_at_conv_config():
-    assert get_default_config() == PassConfigs.of(ConvConfig())
+def test_get_default_config_starts_at_the_device_defaults():
+    assert get_default_config() == CPU_DEFAULT == get_default_config("cpu")
+    assert CPU_DEFAULT == PassConfigs.of(ConvConfig("fetch_on_demand"))  # the CPU benchmarks' choice
+    assert get_default_config("cuda") == config_module.DEVICE_DEFAULTS["cuda"]
     assert isinstance(get_default_config(), PassConfigs)
 
 
@@ -377,7 +380,7 @@ def test_set_default_config_forms_and_reset(form):
     assert get_default_config() == PassConfigs.of(value)
     assert isinstance(get_default_config(), PassConfigs)
     set_default_config(None)
-    assert get_default_config() == PassConfigs.of(ConvConfig())
+    assert get_default_config() == CPU_DEFAULT
 
 
 def test_default_config_context_manager_restores_and_nests():
@@ -399,19 +402,19 @@ def test_default_config_context_manager_restores_on_exception():
         with default_config(IG_SORTED2):
             with default_config(FOD):
                 raise RuntimeError("boom")
-    assert get_default_config() == PassConfigs.of(ConvConfig())
+    assert get_default_config() == CPU_DEFAULT
     with pytest.raises(KeyError):
         with default_config(MIXED):
             {}["missing"]
-    assert get_default_config() == PassConfigs.of(ConvConfig())
+    assert get_default_config() == CPU_DEFAULT
 
 
 @pytest.mark.parametrize("module", [False, True], ids=["conv3d", "Conv3d"])
 def test_conv_without_config_follows_global_default(module, calls, gen):
     unset = "unset" if module else None
     forward_backward(gen, unset, module)
-    assert {name for name, *_ in calls} == {"gather_scatter"}
-    assert all(cfg == ConvConfig(backend="native") for _, _, cfg, _ in calls)
+    assert {name for name, *_ in calls} == {"fetch_on_demand"}
+    assert all(cfg == ConvConfig("fetch_on_demand", backend="native") for _, _, cfg, _ in calls)
 
     calls.clear()
     set_default_config(FOD)
@@ -429,9 +432,9 @@ def test_conv_without_config_follows_global_default(module, calls, gen):
     assert ran(calls) == {p: ("fetch_on_demand", FOD) for p in ("forward", "dgrad", "wgrad")}
 
     calls.clear()
-    set_default_config(None)
+    set_default_config(None)  # back to the device's default
     forward_backward(gen, unset, module)
-    assert ran(calls) == {p: ("gather_scatter", ConvConfig()) for p in ("forward", "dgrad", "wgrad")}
+    assert ran(calls) == {p: ("fetch_on_demand", FOD) for p in ("forward", "dgrad", "wgrad")}
 
 
 @pytest.mark.parametrize("module", [False, True], ids=["conv3d", "Conv3d"])
@@ -453,16 +456,16 @@ def test_own_config_wins_over_global_default(module, calls, gen):
 def test_module_config_none_restores_the_default(calls, gen):
     x = small_input(gen)
     conv = Conv3d(4, 5, 3, config=IG)
-    with default_config(FOD):
+    with default_config(GS):
         conv(x).F.sum().backward()
         assert {name for name, *_ in calls} == {"implicit_gemm"}
         calls.clear()
         conv.config = None
         conv(x).F.sum().backward()
-        assert {name for name, *_ in calls} == {"fetch_on_demand"}
+        assert {name for name, *_ in calls} == {"gather_scatter"}
     calls.clear()
     conv(x).F.sum().backward()
-    assert {name for name, *_ in calls} == {"gather_scatter"}
+    assert {name for name, *_ in calls} == {"fetch_on_demand"}  # the CPU's default
 
 
 def test_backward_uses_configs_resolved_at_forward_time(calls, gen):
@@ -556,7 +559,7 @@ def test_resolve_configs_on_cpu():
     resolve = config_module.resolve_configs
     assert resolve(FOD, "cpu") == native(PassConfigs.of(FOD))
     assert resolve(MIXED, "cpu") == native(MIXED)
-    assert resolve(None, "cpu") == native(PassConfigs.of(ConvConfig()))
+    assert resolve(None, "cpu") == native(CPU_DEFAULT)
     with default_config(IG):
         assert resolve(None, "cpu") == native(PassConfigs.of(IG))
         assert resolve(FOD, "cpu") == native(PassConfigs.of(FOD))

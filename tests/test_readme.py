@@ -23,4 +23,4 @@ def test_readme_python_blocks_run():
         set_default_config(None)
         backends.deterministic = flag
     assert namespace["y"].F.shape[1] == 32 and torch.isfinite(namespace["y"].F).all()
-    assert get_default_config().forward.dataflow == "gather_scatter"
+    assert get_default_config().forward.dataflow == "fetch_on_demand"  # the README's block resets the default

@@ -48,7 +48,7 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
 
 @pytest.mark.parametrize("cr", [0.5, 1.0])
 def test_spvcnn_point_logits_and_gradients(cr, seed):
-    coords, feats = scan_points(seed, crop=4.0, batch=1)
+    coords, feats = scan_points(seed, crop=3.0, batch=1)
     model = SPVCNN(4, 7, cr).double()
     assert model.channels == [int(round(c * cr)) for c in (32, 32, 64, 128, 256, 256, 128, 96, 96)]
     logits = model(PointTensor(feats, coords))
@@ -87,7 +87,7 @@ def test_spvcnn_matches_spvnas_after_conversion(seed, monkeypatch):
         total = w.sum(1, keepdim=True)
         return w / torch.where(total > 0, total, torch.ones_like(total))
     monkeypatch.setattr(torchsparse.nn.functional, "calc_ti_weights", exact)
-    coords, feats = scan_points(seed)
+    coords, feats = scan_points(seed, crop=6.0)
     _, ClientSPVCNN = spvnas_models(torchsparse)
     client, native = ClientSPVCNN(cr=0.25, num_classes=5).double(), SPVCNN(4, 5, 0.25).double()
     state, report = converted_pair(client, native, "spvcnn", seed)

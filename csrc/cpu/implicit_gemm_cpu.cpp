@@ -15,7 +15,7 @@
 #include <torch/library.h>
 
 #include "checks_cpu.h"
-#include "tile_gemm.h"
+#include "tile_policy.h"
 
 #include <atomic>
 
@@ -159,34 +159,38 @@ void check_plan_covers_table(const Plan& plan, const at::Tensor& table) {
               "belong to this map (make it with kmap_plan on the same table)");
 }
 
-template <typename T>
-at::Tensor forward_impl(const at::Tensor& feats, const at::Tensor& weight, const at::Tensor& table,
+template <typename T, typename Tiles>
+at::Tensor forward_impl(Tiles, const at::Tensor& feats, const at::Tensor& weight, const at::Tensor& table,
                         int64_t num_dst, bool transpose_weight, const Plan& plan) {
-  using M = typename TileMath<T>::type;
-  const auto w = tile_weight(weight, transpose_weight);
-  const int64_t K = w.size(0), c_src = w.size(1), c_dst = w.size(2);
+  using A = typename Tiles::A;
+  using M = typename Tiles::Acc;
+  const at::Tensor w = Tiles::weights(weight, transpose_weight);
+  const int64_t K = weight.size(0);
+  const int64_t c_src = weight.size(transpose_weight ? 2 : 1), c_dst = weight.size(transpose_weight ? 1 : 2);
+  const int64_t k_len = Tiles::k_len(c_src);  // an offset's columns in the im2col block
   const bool partial = plan.splits > 1;
-  at::Tensor out = partial ? at::zeros({plan.splits, num_dst, c_dst}, feats.options().dtype(w.scalar_type()))
-                           : at::empty({num_dst, c_dst}, feats.options().dtype(w.scalar_type()));
+  const auto acc_type = c10::CppTypeToScalarType<M>::value;
+  at::Tensor out = partial ? at::zeros({plan.splits, num_dst, c_dst}, feats.options().dtype(acc_type))
+                           : at::empty({num_dst, c_dst}, feats.options().dtype(acc_type));
   const T* f = feats.data_ptr<T>();
-  const M* wp = w.data_ptr<M>();
+  const A* wp = w.data_ptr<A>();
   const int32_t* map = table.data_ptr<int32_t>();
   M* o = out.data_ptr<M>();
   const auto segs = segments(plan);
   parallel_items(static_cast<int64_t>(segs.size()), [&](int64_t item) {
     const Segment seg = segs[item];
     const int64_t s = seg.split, p0 = seg.t0 * plan.tile_rows, rows = (seg.t1 - seg.t0) * plan.tile_rows;
-    const int64_t per_block = offsets_per_block(rows, c_src);
-    M* a = scratch<M, 0>(rows * per_block * c_src);
+    const int64_t per_block = offsets_per_block(rows, k_len);
+    A* a = scratch<A, 0>(rows * per_block * k_len);
     M* c = scratch<M, 1>(rows * c_dst);
     bool written = false;
     plan.for_each_run(s, seg.t0, [&](int64_t k0, int64_t k1) {
       for (int64_t ka = k0; ka < k1; ka += per_block) {
-        const int64_t kb = std::min(k1, ka + per_block), cols = (kb - ka) * c_src;
+        const int64_t kb = std::min(k1, ka + per_block), cols = (kb - ka) * k_len;
         for (int64_t k = ka; k < kb; ++k)
-          gather_tile(f, c_src, rows, [&](int64_t i) { return plan.source(s, p0 + i, map, K, k); },
-                      a + (k - ka) * c_src, cols);
-        tile_gemm(rows, c_dst, cols, a, cols, wp + ka * c_src * c_dst, c_dst, c, c_dst, written);
+          Tiles::gather_rows(f, c_src, rows, [&](int64_t i) { return plan.source(s, p0 + i, map, K, k); },
+                             a + (k - ka) * k_len, cols);
+        Tiles::gemm(rows, c_dst, cols, a, cols, wp + ka * k_len * c_dst, c, c_dst, written);
         written = true;
       }
     });
@@ -217,10 +221,11 @@ at::Tensor forward_impl(const at::Tensor& feats, const at::Tensor& weight, const
 
 // dW[k] = sum over segments of im2col_k(segment)^T grad(segment). Items are fixed groups of
 // consecutive segments, each with its own partial; partials are added in item order.
-template <typename T>
-at::Tensor wgrad_impl(const at::Tensor& feats, const at::Tensor& grad, const at::Tensor& table,
+template <typename T, typename Tiles>
+at::Tensor wgrad_impl(Tiles, const at::Tensor& feats, const at::Tensor& grad, const at::Tensor& table,
                       const Plan& plan) {
-  using M = typename TileMath<T>::type;
+  using A = typename Tiles::A;
+  using M = typename Tiles::Acc;
   const auto math = c10::CppTypeToScalarType<M>::value;
   const int64_t K = table.size(1), c_src = feats.size(1), c_dst = grad.size(1);
   const auto segs = segments(plan);
@@ -240,17 +245,18 @@ at::Tensor wgrad_impl(const at::Tensor& feats, const at::Tensor& grad, const at:
     for (int64_t it = item * per_item; it < std::min(num_segs, (item + 1) * per_item); ++it) {
       const Segment seg = segs[it];
       const int64_t s = seg.split, p0 = seg.t0 * plan.tile_rows, rows = (seg.t1 - seg.t0) * plan.tile_rows;
-      const int64_t per_block = offsets_per_block(rows, c_src);
-      M* a_t = scratch<M, 0>(per_block * c_src * rows);
-      M* b = scratch<M, 1>(rows * c_dst);
-      gather_tile(g, c_dst, rows, [&](int64_t i) { return plan.row(s, p0 + i); }, b, c_dst);
+      const int64_t rows_len = Tiles::k_len(rows);  // the GEMM's K: rows, padded to the tiles' unit
+      const int64_t per_block = offsets_per_block(rows_len, c_src);
+      A* a_t = scratch<A, 0>(per_block * c_src * rows_len);
+      A* b = scratch<A, 1>(rows_len * c_dst);
+      Tiles::gather_rhs(g, c_dst, rows, [&](int64_t i) { return plan.row(s, p0 + i); }, b);
       plan.for_each_run(s, seg.t0, [&](int64_t k0, int64_t k1) {
         for (int64_t ka = k0; ka < k1; ka += per_block) {
           const int64_t kb = std::min(k1, ka + per_block), cols = (kb - ka) * c_src;
           for (int64_t k = ka; k < kb; ++k)
-            gather_tile_transposed(f, c_src, rows, [&](int64_t i) { return plan.source(s, p0 + i, map, K, k); },
-                                   a_t + (k - ka) * c_src * rows, rows);
-          tile_gemm(cols, c_dst, rows, a_t, rows, b, c_dst, p + ka * c_src * c_dst, c_dst, true);
+            Tiles::gather_rows_t(f, c_src, rows, [&](int64_t i) { return plan.source(s, p0 + i, map, K, k); },
+                                 a_t + (k - ka) * c_src * rows_len, rows_len);
+          Tiles::gemm_t(kb - ka, c_src, c_dst, rows_len, a_t, rows_len, b, p + ka * c_src * c_dst, c_dst, true);
         }
       });
     }
@@ -284,7 +290,9 @@ at::Tensor implicit_gemm_forward_cpu(const at::Tensor& feats_in, const at::Tenso
   const auto feats = feats_in.contiguous();
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, feats.scalar_type(), "implicit_gemm_forward_cpu", [&] {
-    out = forward_impl<scalar_t>(feats, weight, table, num_dst, transpose_weight, plan);
+    with_tiles<scalar_t>([&](auto tiles) {
+      out = forward_impl<scalar_t>(tiles, feats, weight, table, num_dst, transpose_weight, plan);
+    });
   });
   return out;
 }
@@ -304,7 +312,7 @@ at::Tensor implicit_gemm_wgrad_cpu(const at::Tensor& feats_in, const at::Tensor&
   const auto grad = grad_in.contiguous();
   at::Tensor dweight;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, feats.scalar_type(), "implicit_gemm_wgrad_cpu", [&] {
-    dweight = wgrad_impl<scalar_t>(feats, grad, table, plan);
+    with_tiles<scalar_t>([&](auto tiles) { dweight = wgrad_impl<scalar_t>(tiles, feats, grad, table, plan); });
   });
   return dweight;
 }

@@ -6,7 +6,8 @@
 // through thread-local tiles: gather the source rows, multiply by W[k], scatter-add into the
 // block. The block stays in cache across all offsets, and its sources are spatial neighbours.
 // Blocks own disjoint rows, so they run in parallel without atomics, and every row sums its
-// offsets in one fixed order on any thread count.
+// offsets in one fixed order on any thread count. Tiles follow a tile policy (tile_policy.h):
+// float math, or bfloat16 dot products where the CPU has them.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -14,7 +15,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "tile_gemm.h"
+#include "tile_policy.h"
 
 namespace torchsparse_pp {
 
@@ -29,19 +30,40 @@ inline int64_t pair_block_rows(int64_t c_dst) {
   return std::clamp<int64_t>((int64_t(1) << 17) / std::max<int64_t>(1, c_dst), 64, 8192);
 }
 
-template <typename T>
-at::Tensor pairs_forward_tiled(const at::Tensor& feats, const at::Tensor& weight,
-                               const at::Tensor& src_idx, const at::Tensor& dst_idx,
-                               const at::Tensor& offsets, const at::Tensor& identity,
-                               int64_t num_dst, bool transpose_weight) {
-  using M = typename TileMath<T>::type;
-  const auto w = tile_weight(weight, transpose_weight);
-  const int64_t K = w.size(0), c_src = w.size(1), c_dst = w.size(2);
-  at::Tensor out = at::empty({num_dst, c_dst}, feats.options().dtype(w.scalar_type()));
+// What a forward adds to each finished block of output rows while it is still in cache:
+// out = act(out + bias + residual) (an eval-time fused conv, BatchNorm folded into weight and bias).
+struct Epilogue {
+  at::Tensor bias;      // [C_dst] or undefined
+  at::Tensor residual;  // [num_dst, C_dst] in the input dtype, or undefined
+  bool relu = false;
+
+  bool empty() const { return !bias.defined() && !residual.defined() && !relu; }
+};
+
+template <typename T, typename Acc>
+void apply_epilogue(const Epilogue& e, Acc* rows, int64_t r0, int64_t count, int64_t n, const Acc* bias) {
+  if (e.empty()) return;
+  const T* residual = e.residual.defined() ? e.residual.data_ptr<T>() + r0 * n : nullptr;
+  epilogue_rows(rows, count, n, bias, residual, e.relu);
+}
+
+template <typename T, typename Tiles>
+at::Tensor pairs_forward_with(Tiles, const at::Tensor& feats, const at::Tensor& weight, const at::Tensor& src_idx,
+                              const at::Tensor& dst_idx, const at::Tensor& offsets, const at::Tensor& identity,
+                              int64_t num_dst, bool transpose_weight, const Epilogue& epilogue = {}) {
+  using A = typename Tiles::A;
+  using Acc = typename Tiles::Acc;
+  const at::Tensor w = Tiles::weights(weight, transpose_weight);
+  const int64_t K = weight.size(0);
+  const int64_t c_src = weight.size(transpose_weight ? 2 : 1), c_dst = weight.size(transpose_weight ? 1 : 2);
+  const int64_t k_len = Tiles::k_len(c_src);
+  at::Tensor out = at::empty({num_dst, c_dst}, feats.options().dtype(c10::CppTypeToScalarType<Acc>::value));
   const int64_t chunk = pair_chunk_rows(c_src, c_dst), block = pair_block_rows(c_dst);
   const T* f = feats.data_ptr<T>();
-  const M* wp = w.data_ptr<M>();
-  M* o = out.data_ptr<M>();
+  const A* wp = w.data_ptr<A>();
+  Acc* o = out.data_ptr<Acc>();
+  const at::Tensor bias = epilogue.bias.defined() ? epilogue.bias.to(out.scalar_type()).contiguous() : at::Tensor();
+  const Acc* bias_p = bias.defined() ? bias.data_ptr<Acc>() : nullptr;
   const int32_t* src = src_idx.data_ptr<int32_t>();
   const int32_t* dst = dst_idx.data_ptr<int32_t>();
   const int64_t* off = offsets.data_ptr<int64_t>();
@@ -52,16 +74,17 @@ at::Tensor pairs_forward_tiled(const at::Tensor& feats, const at::Tensor& weight
     if (is_identity[k] && off[k + 1] > off[k]) first = k;
   parallel_items((num_dst + block - 1) / block, [&](int64_t b) {
     const int64_t b0 = b * block, b1 = std::min(num_dst, b0 + block);
-    M* a = scratch<M, 0>(std::max(chunk, b1 - b0) * c_src);
-    M* c = scratch<M, 1>(chunk * c_dst);
+    A* a = scratch<A, 0>(std::max(chunk, b1 - b0) * k_len);
+    Acc* c = scratch<Acc, 1>(chunk * c_dst);
     if (first >= 0) {
-      const M* rows = a;
-      if constexpr (std::is_same_v<T, M>) rows = f + b0 * c_src;
-      else gather_tile(f, c_src, b1 - b0, [&](int64_t i) { return b0 + i; }, a, c_src);
-      tile_gemm(b1 - b0, c_dst, c_src, rows, c_src, wp + first * c_src * c_dst, c_dst, o + b0 * c_dst,
-                c_dst, false);
+      const A* rows = a;
+      if constexpr (std::is_same_v<T, A>) {
+        if (k_len == c_src) rows = f + b0 * c_src;
+      }
+      if (rows == a) Tiles::gather_rows(f, c_src, b1 - b0, [&](int64_t i) { return b0 + i; }, a, k_len);
+      Tiles::gemm(b1 - b0, c_dst, k_len, rows, k_len, wp + first * k_len * c_dst, o + b0 * c_dst, c_dst, false);
     } else {
-      std::fill(o + b0 * c_dst, o + b1 * c_dst, M(0));
+      std::fill(o + b0 * c_dst, o + b1 * c_dst, Acc(0));
     }
     for (int64_t k = 0; k < K; ++k) {
       if (k == first) continue;
@@ -69,38 +92,45 @@ at::Tensor pairs_forward_tiled(const at::Tensor& feats, const at::Tensor& weight
       const int32_t* lo = std::lower_bound(dst + off[k], dst + off[k + 1], static_cast<int32_t>(b0));
       const int32_t* hi = std::lower_bound(lo, dst + off[k + 1], static_cast<int32_t>(b1));
       const int64_t r_begin = lo - dst, r_end = hi - dst;
-      const M* wk = wp + k * c_src * c_dst;
+      const A* wk = wp + k * k_len * c_dst;
       for (int64_t r0 = r_begin; r0 < r_end; r0 += chunk) {
         const int64_t rows = std::min(chunk, r_end - r0);
-        gather_tile(f, c_src, rows, [&](int64_t i) { return src[r0 + i]; }, a, c_src);
-        tile_gemm(rows, c_dst, c_src, a, c_src, wk, c_dst, c, c_dst, false);
-        for (int64_t i = 0; i < rows; ++i) {
-          M* d = o + static_cast<int64_t>(dst[r0 + i]) * c_dst;
-          const M* p = c + i * c_dst;
-          for (int64_t j = 0; j < c_dst; ++j) d[j] += p[j];
-        }
+        Tiles::gather_rows(f, c_src, rows, [&](int64_t i) { return src[r0 + i]; }, a, k_len);
+        Tiles::gemm(rows, c_dst, k_len, a, k_len, wk, c, c_dst, false);
+        scatter_add_rows(c, rows, c_dst, dst + r0, o);
       }
     }
+    apply_epilogue<T>(epilogue, o + b0 * c_dst, b0, b1 - b0, c_dst, bias_p);
   });
   return out.scalar_type() == feats.scalar_type() ? out : out.to(feats.scalar_type());
 }
 
-// dW[k] = feats[src]^T grad[dst] over the pairs of offset k. Work items are fixed groups of
-// consecutive chunks of one offset; each sums into its own partial in chunk order, and the
-// partials are added in item order, so the result does not depend on the thread count.
 template <typename T>
-at::Tensor pairs_wgrad_tiled(const at::Tensor& feats, const at::Tensor& grad,
-                             const at::Tensor& src_idx, const at::Tensor& dst_idx,
-                             const at::Tensor& offsets, int64_t K) {
-  using M = typename TileMath<T>::type;
-  const auto math = c10::CppTypeToScalarType<M>::value;
+at::Tensor pairs_forward_tiled(const at::Tensor& feats, const at::Tensor& weight,
+                               const at::Tensor& src_idx, const at::Tensor& dst_idx,
+                               const at::Tensor& offsets, const at::Tensor& identity,
+                               int64_t num_dst, bool transpose_weight, const Epilogue& epilogue = {}) {
+  at::Tensor out;
+  with_tiles<T>([&](auto tiles) {
+    out = pairs_forward_with<T>(tiles, feats, weight, src_idx, dst_idx, offsets, identity, num_dst, transpose_weight,
+                                epilogue);
+  });
+  return out;
+}
+
+template <typename T, typename Tiles>
+at::Tensor pairs_wgrad_with(Tiles, const at::Tensor& feats, const at::Tensor& grad, const at::Tensor& src_idx,
+                            const at::Tensor& dst_idx, const at::Tensor& offsets, int64_t K) {
+  using A = typename Tiles::A;
+  using Acc = typename Tiles::Acc;
+  const auto math = c10::CppTypeToScalarType<Acc>::value;
   const int64_t c_src = feats.size(1), c_dst = grad.size(1);
   const int64_t chunk = pair_chunk_rows(c_src, c_dst);
   const int64_t* off = offsets.data_ptr<int64_t>();
   int64_t total_chunks = 0;
   for (int64_t k = 0; k < K; ++k) total_chunks += (off[k + 1] - off[k] + chunk - 1) / chunk;
   // Bound the partials to ~32 MiB by grouping more chunks per item when weights are large.
-  const int64_t partial_bytes = c_src * c_dst * static_cast<int64_t>(sizeof(M));
+  const int64_t partial_bytes = c_src * c_dst * static_cast<int64_t>(sizeof(Acc));
   const int64_t per_item = std::max<int64_t>(4, (total_chunks * partial_bytes >> 25) + 1);
   struct Item {
     int64_t k, begin, end;  // pair range within the offset's list
@@ -116,35 +146,47 @@ at::Tensor pairs_wgrad_tiled(const at::Tensor& feats, const at::Tensor& grad,
   at::Tensor partials = at::empty({static_cast<int64_t>(items.size()), c_src, c_dst}, feats.options().dtype(math));
   const T* f = feats.data_ptr<T>();
   const T* g = grad.data_ptr<T>();
-  M* part = partials.data_ptr<M>();
+  Acc* part = partials.data_ptr<Acc>();
   parallel_items(static_cast<int64_t>(items.size()), [&](int64_t it) {
     const Item item = items[it];
     const int32_t* src = src_idx.data_ptr<int32_t>() + off[item.k];
     const int32_t* dst = dst_idx.data_ptr<int32_t>() + off[item.k];
     // The transposed tile's rows are padded off a power of two: a 4 KiB stride would map
     // every column write of one source row to the same L1 set.
-    const int64_t ld = chunk + 16;
-    M* a_t = scratch<M, 0>(c_src * ld);
-    M* b = scratch<M, 1>(chunk * c_dst);
-    M* p = part + it * c_src * c_dst;
+    const int64_t ld = Tiles::k_len(chunk) + 16;
+    A* a_t = scratch<A, 0>(c_src * ld);
+    A* b = scratch<A, 1>(Tiles::k_len(chunk) * c_dst);
+    Acc* p = part + it * c_src * c_dst;
     for (int64_t r0 = item.begin; r0 < item.end; r0 += chunk) {
       const int64_t rows = std::min(chunk, item.end - r0);
-      gather_tile_transposed(f, c_src, rows, [&](int64_t i) { return src[r0 + i]; }, a_t, ld);
-      gather_tile(g, c_dst, rows, [&](int64_t i) { return dst[r0 + i]; }, b, c_dst);
-      tile_gemm(c_src, c_dst, rows, a_t, ld, b, c_dst, p, c_dst, r0 != item.begin);
+      Tiles::gather_rows_t(f, c_src, rows, [&](int64_t i) { return src[r0 + i]; }, a_t, ld);
+      Tiles::gather_rhs(g, c_dst, rows, [&](int64_t i) { return dst[r0 + i]; }, b);
+      Tiles::gemm_t(1, c_src, c_dst, Tiles::k_len(rows), a_t, ld, b, p, c_dst, r0 != item.begin);
     }
   });
   at::Tensor dweight = at::zeros({K, c_src, c_dst}, feats.options().dtype(math));
-  M* dw = dweight.data_ptr<M>();
+  Acc* dw = dweight.data_ptr<Acc>();
   at::parallel_for(0, K, 1, [&](int64_t kb, int64_t ke) {
     for (int64_t k = kb; k < ke; ++k)
       for (int64_t it = first_item[k]; it < first_item[k + 1]; ++it) {
-        const M* p = part + it * c_src * c_dst;
-        M* d = dw + k * c_src * c_dst;
+        const Acc* p = part + it * c_src * c_dst;
+        Acc* d = dw + k * c_src * c_dst;
         for (int64_t j = 0; j < c_src * c_dst; ++j) d[j] += p[j];
       }
   });
   return dweight.scalar_type() == feats.scalar_type() ? dweight : dweight.to(feats.scalar_type());
+}
+
+// dW[k] = feats[src]^T grad[dst] over the pairs of offset k. Work items are fixed groups of
+// consecutive chunks of one offset; each sums into its own partial in chunk order, and the
+// partials are added in item order, so the result does not depend on the thread count.
+template <typename T>
+at::Tensor pairs_wgrad_tiled(const at::Tensor& feats, const at::Tensor& grad,
+                             const at::Tensor& src_idx, const at::Tensor& dst_idx,
+                             const at::Tensor& offsets, int64_t K) {
+  at::Tensor dweight;
+  with_tiles<T>([&](auto tiles) { dweight = pairs_wgrad_with<T>(tiles, feats, grad, src_idx, dst_idx, offsets, K); });
+  return dweight;
 }
 
 // The fetch_on_demand weight-gradient op (checks, then pairs_wgrad_tiled); gather_scatter's

@@ -10,7 +10,10 @@
 #include <ATen/native/CPUBlas.h>
 
 #include <atomic>
+#include <cstring>
 #include <vector>
+
+#include "row_ops.h"
 
 namespace torchsparse_pp {
 
@@ -113,7 +116,9 @@ inline void gather_tile(const T* src, int64_t c, int64_t n, RowFn&& row, M* dst,
       continue;
     }
     const T* s = src + r * c;
-    for (int64_t j = 0; j < c; ++j) d[j] = static_cast<M>(s[j]);
+    if constexpr (std::is_same_v<T, M>) std::memcpy(d, s, sizeof(T) * c);
+    else if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<M, float>) widen_row(s, c, d);
+    else for (int64_t j = 0; j < c; ++j) d[j] = static_cast<M>(s[j]);
   }
 }
 

@@ -4,7 +4,8 @@ from typing import Optional
 from torch import nn
 
 from ..kmap.geometry import IntOr3
-from ..nn import BatchNorm, Conv3d, ReLU
+from ..nn import BatchNorm, Conv3d, FusedConv3d, ReLU, register_fuser
+from ..nn.fusion import fuse_module
 from ..tensor import SparseTensor
 
 
@@ -39,3 +40,24 @@ class ResidualBlock(nn.Module):
 
     def forward(self, x: SparseTensor) -> SparseTensor:
         return self.relu(self.body(x) + self.shortcut(x))
+
+
+class FusedResidualBlock(nn.Module):
+    """Inference form of ResidualBlock: conv1 (BatchNorm folded, ReLU in its epilogue), the
+    shortcut (identity, or a fused 1x1x1 conv), and conv2 whose epilogue adds the shortcut and
+    applies the block's ReLU."""
+
+    def __init__(self, block: ResidualBlock):
+        super().__init__()
+        body = block.body
+        self.conv1 = FusedConv3d(body[0], body[1], relu=True)
+        self.conv2 = FusedConv3d(body[3], body[4], relu=True)
+        self.shortcut = fuse_module(block.shortcut)
+
+    def forward(self, x: SparseTensor) -> SparseTensor:
+        return self.conv2(self.conv1(x), residual=self.shortcut(x))
+
+
+@register_fuser(ResidualBlock)
+def _fuse_residual_block(block: ResidualBlock) -> FusedResidualBlock:
+    return FusedResidualBlock(block)

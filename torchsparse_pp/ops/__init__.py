@@ -8,6 +8,7 @@ from ._library import load_library
 load_library()
 
 from .fetch_on_demand import fetch_on_demand_forward, fetch_on_demand_wgrad  # noqa: E402
+from .fused import cpu_bf16_dot, fetch_on_demand_forward_fused  # noqa: E402
 from .gather_scatter import gather_scatter_forward, gather_scatter_wgrad  # noqa: E402
 from .hash import hash_build, hash_query  # noqa: E402
 from .implicit_gemm import implicit_gemm_forward, implicit_gemm_wgrad  # noqa: E402
@@ -18,4 +19,5 @@ __all__ = [
     "hash_build", "hash_query", "kmap_out_in", "kmap_submanifold", "kmap_downsample", "kmap_generative", "kmap_pairs",
     "kmap_transpose", "kmap_plan", "gather_scatter_forward", "gather_scatter_wgrad",
     "fetch_on_demand_forward", "fetch_on_demand_wgrad", "implicit_gemm_forward", "implicit_gemm_wgrad",
+    "fetch_on_demand_forward_fused", "cpu_bf16_dot",
 ]

@@ -204,7 +204,7 @@ def tune(model: nn.Module, samples: Sequence[Any], mode: str = "inference", bind
         groups = discover_groups(model, fresh(samples[0]), forward)
         timer = EndToEndTimer(model, samples, groups, mode, forward, loss, repeats, warmup, autocast_dtype)
         names = [g.name for g in groups]
-        default = uniform(names, get_default_config())
+        default = uniform(names, get_default_config(device.type))
         uniforms = [uniform(names, PassConfigs.of(c)) for c in choices]
         # The start and the final check decide most of the outcome: they get more rounds.
         careful = EndToEndTimer(model, samples, groups, mode, forward, loss, final_rounds or max(repeats, 3), 1,

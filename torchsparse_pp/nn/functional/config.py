@@ -3,7 +3,8 @@ wgrad).
 
 A ConvConfig is a frozen value. Each conv resolves its configs in this order: the ``config``
 argument (or ``Conv3d.config``), else the global default (``set_default_config`` /
-``default_config``), else ``ConvConfig()``. A ConvConfig may be given for all three passes or
+``default_config``), else the device's default (``DEVICE_DEFAULTS``, chosen per pass from
+benchmark numbers: benchmarks/defaults_cpu.py, docs/benchmarks.md). A ConvConfig may be given for all three passes or
 as a ``PassConfigs`` / 3-tuple ``(forward, dgrad, wgrad)``.
 """
 import contextlib
@@ -155,16 +156,28 @@ class PassConfigs:
 
 ConfigLike = Union[ConvConfig, PassConfigs, Sequence[ConvConfig]]
 
+# What a conv with no config anywhere runs, per device type. CPU: fetch_on_demand for every
+# pass, the fastest on the MinkUNet and CenterPoint layers in forward, dgrad and wgrad
+# (benchmarks/defaults_cpu.py; docs/benchmarks.md has the numbers). CUDA: gather_scatter (cuBLAS
+# GEMMs) until a GPU run measures the dataflows there (docs/gpu.md).
+DEVICE_DEFAULTS = {
+    "cpu": PassConfigs.of(ConvConfig("fetch_on_demand")),
+    "cuda": PassConfigs.of(ConvConfig("gather_scatter")),
+}
+
 _default: contextvars.ContextVar = contextvars.ContextVar("torchsparse_pp_default_config", default=None)
 
 
 def set_default_config(config: Optional[ConfigLike]) -> None:
-    """Sets the configs used by convs that have none of their own (None restores ConvConfig())."""
+    """Sets the configs used by convs that have none of their own (None restores the per-device
+    defaults, DEVICE_DEFAULTS)."""
     _default.set(None if config is None else PassConfigs.of(config))
 
 
-def get_default_config() -> PassConfigs:
-    return _default.get() or PassConfigs.of(ConvConfig())
+def get_default_config(device_type: str = "cpu") -> PassConfigs:
+    """The configs a conv without its own runs on ``device_type``: the global default if one is
+    set, else the device's default."""
+    return _default.get() or DEVICE_DEFAULTS.get(device_type, PassConfigs.of(ConvConfig()))
 
 
 @contextlib.contextmanager
@@ -193,7 +206,7 @@ def available_dataflows(device_type: str, backend: str):
 def resolve_configs(config: Optional[ConfigLike], device_type: str) -> PassConfigs:
     """The configs a conv runs with on ``device_type``, each with its backend filled in;
     unimplemented dataflows raise, never fall back."""
-    configs = get_default_config() if config is None else PassConfigs.of(config)
+    configs = get_default_config(device_type) if config is None else PassConfigs.of(config)
     resolved = []
     for name, cfg in zip(("forward", "dgrad", "wgrad"), configs):
         backend = cfg.backend or DEFAULT_BACKEND.get(device_type, "native")

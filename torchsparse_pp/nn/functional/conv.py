@@ -14,6 +14,7 @@ from ...kmap.geometry import IntOr3
 from ...tensor import SparseTensor
 from .config import ConfigLike, PassConfigs, resolve_configs
 from .dataflows import OrientedMap, SparseConvFunction
+from .epilogue import Epilogue, forward_with_epilogue
 
 # Per (device type, backend); the Triton kernels take the same dtypes on every device.
 SUPPORTED_DTYPES = {("cpu", "native"): (torch.float32, torch.float64, torch.bfloat16),
@@ -57,9 +58,13 @@ def _cast_operands(feats: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     return feats, weight, bias
 
 
-def _run(configs: PassConfigs, feats, weight, kmap: KernelMap, transposed: bool) -> torch.Tensor:
+def _run(configs: PassConfigs, feats, weight, bias, kmap: KernelMap, transposed: bool,
+         epilogue: Optional[Epilogue]) -> torch.Tensor:
     view = OrientedMap(kmap, transposed)
-    return SparseConvFunction.apply(feats, weight, view, configs, backends.deterministic)
+    if epilogue is not None:
+        return forward_with_epilogue(configs, feats, weight, bias, view, epilogue)
+    out = SparseConvFunction.apply(feats, weight, view, configs, backends.deterministic)
+    return out if bias is None else out + bias
 
 
 def _finer_stride(input: SparseTensor, geometry: ConvGeometry):
@@ -72,7 +77,8 @@ def _finer_stride(input: SparseTensor, geometry: ConvGeometry):
 def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size: IntOr3,
            bias: Optional[torch.Tensor] = None, stride: IntOr3 = 1, dilation: IntOr3 = 1,
            padding: Optional[IntOr3] = None, transposed: bool = False, generative: bool = False,
-           downsample_mode: str = "spconv", config: Optional[ConfigLike] = None) -> SparseTensor:
+           downsample_mode: str = "spconv", config: Optional[ConfigLike] = None,
+           epilogue: Optional[Epilogue] = None) -> SparseTensor:
     """Sparse convolution of ``input`` with ``weight [K, C_in, C_out]``.
 
     - stride 1: submanifold, outputs on the input coordinates;
@@ -83,7 +89,9 @@ def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size: IntOr3,
 
     ``padding=None`` centres odd kernels (d*(k-1)/2) and uses 0 for even ones. ``config`` picks
     the dataflow of each pass (a ConvConfig, or forward/dgrad/wgrad configs); None uses the
-    global default (see nn.functional.config).
+    global default (see nn.functional.config). ``epilogue`` adds a residual and applies ReLU
+    after the bias (what eval-time fusion, ``torchsparse_pp.nn.fuse``, runs; see
+    nn.functional.epilogue).
     """
     geometry = ConvGeometry.make(kernel_size, stride, dilation, padding)
     if generative and not transposed:
@@ -94,15 +102,18 @@ def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size: IntOr3,
     cache, coords = input.cache, input.C
     stride_out, range_out = input.s, input.spatial_range
 
+    if epilogue is not None:
+        epilogue.check(weight.shape[2], input.device)
     if geometry.is_pointwise:
         out = feats @ weight[0]  # every output reads only its own row: no map needed
+        out = (out if bias is None else out + bias) if epilogue is None else epilogue.apply(out, bias)
     elif not transposed:
         if geometry.is_unit_stride:
             kmap = submanifold_map(cache, coords, geometry, input.spatial_range)
         else:
             kmap = strided_map(cache, coords, geometry, downsample_mode, input.spatial_range)
             stride_out = tuple(t * s for t, s in zip(input.s, geometry.stride))
-        out = _run(configs, feats, weight, kmap, transposed=False)
+        out = _run(configs, feats, weight, bias, kmap, False, epilogue)
         coords, range_out = kmap.out_coords, kmap.out_range
     else:
         stride_out = _finer_stride(input, geometry)
@@ -119,9 +130,6 @@ def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size: IntOr3,
                     f"{input.s} has no matching strided conv: no conv with this geometry produced these "
                     "coordinates in this network pass. Run the matching strided conv first, or use "
                     "generative=True to create new coordinates.")
-        out = _run(configs, feats, weight, kmap, transposed=True)
+        out = _run(configs, feats, weight, bias, kmap, True, epilogue)
         coords, range_out = kmap.in_coords, kmap.in_range
-
-    if bias is not None:
-        out = out + bias
     return SparseTensor._derive(out, coords, stride_out, range_out, cache)

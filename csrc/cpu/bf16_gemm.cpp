@@ -1,0 +1,160 @@
+// The AVX512-BF16 tile kernel of bf16_gemm.h. Compiled for the baseline ISA; the kernel
+// functions carry their own target attribute and run only after the CPU check.
+#include "bf16_gemm.h"
+
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace torchsparse_pp {
+
+namespace {
+
+#define TSPP_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+bool cpu_has_bf16_dot() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+// acc[m][v] += A-pair(m, p) . B-pairs(p, 16 v .. 16 v + 15) for every pair p: MR rows by NV
+// vectors of 16 columns; the last vector loads and stores under `tail`.
+template <int MR, int NV>
+TSPP_BF16_TARGET void micro_kernel(int64_t pairs, const uint32_t* A, int64_t row_stride, int64_t pair_stride,
+                                   const uint32_t* B, int64_t N, float* C, int64_t ldc, __mmask16 tail, bool accumulate) {
+  // Fully unrolled so that the accumulators live in registers (GCC keeps a partly indexed
+  // array of vectors on the stack).
+  __m512 acc[MR][NV];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512i b[NV];
+    const uint32_t* row = B + p * N;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      b[v] = v == NV - 1 ? _mm512_maskz_loadu_epi32(tail, row + 16 * v) : _mm512_loadu_si512(row + 16 * v);
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      const __m512i a = _mm512_set1_epi32(static_cast<int>(A[m * row_stride + p * pair_stride]));
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], (__m512bh)a, (__m512bh)b[v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 k = v == NV - 1 ? tail : __mmask16(0xFFFF);
+      float* c = C + m * ldc + 16 * v;
+      const __m512 sum = accumulate ? _mm512_add_ps(acc[m][v], _mm512_maskz_loadu_ps(k, c)) : acc[m][v];
+      _mm512_mask_storeu_ps(c, k, sum);
+    }
+}
+
+// Rows of one column block in steps of MR (at most 24 accumulators), the remainder by a
+// narrower instantiation.
+template <int NV>
+TSPP_BF16_TARGET void column_block(int64_t M, int64_t pairs, const uint32_t* A, int64_t row_stride,
+                                   int64_t pair_stride, const uint32_t* B, int64_t N, float* C, int64_t ldc,
+                                   __mmask16 tail, bool accumulate) {
+  constexpr int MR = NV <= 2 ? 8 : 6;
+  int64_t m = 0;
+  for (; m + MR <= M; m += MR)
+    micro_kernel<MR, NV>(pairs, A + m * row_stride, row_stride, pair_stride, B, N, C + m * ldc, ldc, tail,
+                         accumulate);
+  const uint32_t* a = A + m * row_stride;
+  float* c = C + m * ldc;
+  switch (M - m) {
+    case 0: break;
+    case 1: micro_kernel<1, NV>(pairs, a, row_stride, pair_stride, B, N, c, ldc, tail, accumulate); break;
+    case 2: micro_kernel<2, NV>(pairs, a, row_stride, pair_stride, B, N, c, ldc, tail, accumulate); break;
+    case 3: micro_kernel<3, NV>(pairs, a, row_stride, pair_stride, B, N, c, ldc, tail, accumulate); break;
+    case 4: micro_kernel<4, NV>(pairs, a, row_stride, pair_stride, B, N, c, ldc, tail, accumulate); break;
+    case 5: micro_kernel<5, NV>(pairs, a, row_stride, pair_stride, B, N, c, ldc, tail, accumulate); break;
+    case 6: micro_kernel<6, NV>(pairs, a, row_stride, pair_stride, B, N, c, ldc, tail, accumulate); break;
+    default: micro_kernel<7, NV>(pairs, a, row_stride, pair_stride, B, N, c, ldc, tail, accumulate); break;
+  }
+}
+
+}  // namespace
+
+bool bf16_dot_available() {
+  static const bool available = [] {
+    const char* off = std::getenv("TSPP_DISABLE_BF16_DOT");
+    return cpu_has_bf16_dot() && !(off != nullptr && std::strcmp(off, "1") == 0);
+  }();
+  return available;
+}
+
+void bf16_pack_pairs(int64_t K, int64_t N, const at::BFloat16* B, int64_t ldb, at::BFloat16* out) {
+  for (int64_t p = 0; p < (K + 1) / 2; ++p) {
+    const at::BFloat16* even = B + 2 * p * ldb;
+    const bool has_odd = 2 * p + 1 < K;
+    at::BFloat16* o = out + p * N * 2;
+    for (int64_t n = 0; n < N; ++n) {
+      o[2 * n] = even[n];
+      o[2 * n + 1] = has_odd ? even[ldb + n] : at::BFloat16(0.f);
+    }
+  }
+}
+
+at::Tensor bf16_packed_weight(const at::Tensor& weight, bool transpose) {
+  const auto w = (transpose ? weight.transpose(1, 2) : weight).to(at::kBFloat16).contiguous();
+  const int64_t K = w.size(0), c_src = w.size(1), c_dst = w.size(2), c_pad = bf16_pairs_len(c_src);
+  at::Tensor packed = at::empty({K, c_pad / 2, c_dst, 2}, w.options());
+  const at::BFloat16* src = w.data_ptr<at::BFloat16>();
+  at::BFloat16* dst = packed.data_ptr<at::BFloat16>();
+  for (int64_t k = 0; k < K; ++k)
+    bf16_pack_pairs(c_src, c_dst, src + k * c_src * c_dst, c_dst, dst + k * c_pad * c_dst);
+  return packed;
+}
+
+void bf16_gemm_strided(int64_t M, int64_t N, int64_t K_even, const at::BFloat16* A, int64_t row_stride,
+                       int64_t pair_stride, const at::BFloat16* B_packed, float* C, int64_t ldc, bool accumulate) {
+  TORCH_CHECK(bf16_dot_available(), "bf16_gemm needs AVX512-BF16");
+  TORCH_CHECK(K_even % 2 == 0, "bf16_gemm works on whole pairs of K");
+  if (M == 0 || N == 0) return;
+  const int64_t pairs = K_even / 2;
+  const auto* a = reinterpret_cast<const uint32_t*>(A);
+  const auto* b = reinterpret_cast<const uint32_t*>(B_packed);
+  // Column blocks of 64 (4 vectors), the last one narrower and masked.
+  for (int64_t n0 = 0; n0 < N; n0 += 64) {
+    const int64_t width = std::min<int64_t>(64, N - n0);
+    const int vectors = static_cast<int>((width + 15) / 16);
+    const int last = static_cast<int>(width - 16 * (vectors - 1));
+    const __mmask16 tail = static_cast<__mmask16>((1u << last) - 1u);
+    float* c = C + n0;
+    const uint32_t* bn = b + n0;
+    switch (vectors) {
+      case 1: column_block<1>(M, pairs, a, row_stride, pair_stride, bn, N, c, ldc, tail, accumulate); break;
+      case 2: column_block<2>(M, pairs, a, row_stride, pair_stride, bn, N, c, ldc, tail, accumulate); break;
+      case 3: column_block<3>(M, pairs, a, row_stride, pair_stride, bn, N, c, ldc, tail, accumulate); break;
+      default: column_block<4>(M, pairs, a, row_stride, pair_stride, bn, N, c, ldc, tail, accumulate); break;
+    }
+  }
+}
+
+void bf16_gemm(int64_t M, int64_t N, int64_t K_even, const at::BFloat16* A, int64_t lda,
+               const at::BFloat16* B_packed, float* C, int64_t ldc, bool accumulate) {
+  TORCH_CHECK(lda % 2 == 0, "bf16_gemm: A's rows must hold whole pairs (even lda)");
+  bf16_gemm_strided(M, N, K_even, A, lda / 2, 1, B_packed, C, ldc, accumulate);
+}
+
+}  // namespace torchsparse_pp
+
+namespace torchsparse_pp {
+
+TORCH_LIBRARY_IMPL(torchsparse_pp, CompositeExplicitAutograd, m) {
+  m.impl("cpu_bf16_dot", []() { return bf16_dot_available(); });
+}
+
+}  // namespace torchsparse_pp

@@ -1,0 +1,100 @@
+"""bfloat16 on the CPU: the tile kernels multiply bfloat16 with the CPU's dot-product
+instructions (AVX512-BF16) where it has them, and convert to float32 tiles elsewhere. Both
+paths against the float64 dense oracle on the rounded values, odd channel counts (the K
+dimension is padded to whole pairs), 125 offsets, every dataflow and pass; the dot path agrees
+with the float path; autocast runs the convs in bfloat16."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchsparse_pp as tsp
+from torchsparse_pp import ops
+from torchsparse_pp.nn.functional import ConvConfig
+from dataflow_cases import GEOMETRIES, make_input, rel_to, run_oracle, run_ours, volume
+
+CONFIGS = {
+    "fetch_on_demand": ConvConfig("fetch_on_demand"),
+    "implicit_gemm_sorted2": ConvConfig("implicit_gemm", sorted=True, split_mask_num=2),
+    "implicit_gemm_unsorted": ConvConfig("implicit_gemm", sorted=False, split_mask_num=0),
+    "gather_scatter": ConvConfig("gather_scatter"),
+}
+CASES = [("subm_k3", 3, 5), ("subm_k3", 33, 17), ("subm_k5", 7, 9), ("k3s2p1_spconv", 16, 24),
+         ("transposed_k3s2p1", 5, 3), ("generative_k2s2", 2, 1)]
+
+
+def cpu_has_bf16_dot() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = re.search(r"^flags\s*:(.*)$", f.read(), re.M)
+    except OSError:
+        return False
+    return flags is not None and "avx512_bf16" in flags.group(1).split()
+
+
+def test_bf16_dot_kernels_run_where_the_cpu_has_them():
+    expected = cpu_has_bf16_dot() and os.environ.get("TSPP_DISABLE_BF16_DOT") != "1"
+    assert ops.cpu_bf16_dot() == expected
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("geometry, c_in, c_out", CASES, ids=[f"{g}-{a}x{b}" for g, a, b in CASES])
+def test_bf16_matches_oracle(geometry, c_in, c_out, config, gen):
+    geom = GEOMETRIES[geometry]
+    x = make_input(gen, geom, "lidar", c_in, dtype=torch.bfloat16)
+    weight = torch.randn(volume(geom["kernel_size"]), c_in, c_out, generator=gen).bfloat16()
+    y, dfeats, dweight, grad = run_ours(x, weight, geom, CONFIGS[config], 3)
+    assert y.F.dtype == dfeats.dtype == dweight.dtype == torch.bfloat16
+    (ref, ref_df, ref_dw), _ = run_oracle(x, weight, y.C, geom, grad)
+    errors = {"forward": rel_to(y.F, ref, ref), "dgrad": rel_to(dfeats, ref_df, ref_df),
+              "wgrad": rel_to(dweight, ref_dw, ref_dw)}
+    assert all(v < 1e-2 for v in errors.values()), errors
+
+
+RUN_BOTH = r"""
+import sys, torch
+sys.path.insert(0, {tests!r})
+import torchsparse_pp as tsp
+from torchsparse_pp.nn.functional import ConvConfig, conv3d
+from conftest import lidar_coords
+g = torch.Generator().manual_seed({seed})
+coords = lidar_coords({seed} % 1000, batch=2)
+out = {{}}
+for name, cfg in [("fod", ConvConfig("fetch_on_demand")), ("ig", ConvConfig("implicit_gemm", sorted=True))]:
+    f = torch.randn(len(coords), 19, generator=g).bfloat16().requires_grad_(True)
+    w = torch.randn(27, 19, 21, generator=g).bfloat16().requires_grad_(True)
+    y = conv3d(tsp.SparseTensor(f, coords), w, 3, config=cfg)
+    y.F.backward(torch.randn(y.F.shape, generator=g).bfloat16())
+    out[name] = (y.F.detach(), f.grad, w.grad)
+torch.save((torch.ops.torchsparse_pp.cpu_bf16_dot(), out), {path!r})
+"""
+
+
+@pytest.mark.skipif(not cpu_has_bf16_dot(), reason="the CPU has no AVX512-BF16: only the float path exists")
+def test_dot_path_agrees_with_float_path(tmp_path, seed):
+    """The same convs with the dot kernels and with them switched off (in fresh processes: the
+    switch is read once) agree within bfloat16 output rounding."""
+    results = {}
+    for flag in ("0", "1"):
+        path = str(tmp_path / f"out{flag}.pt")
+        code = RUN_BOTH.format(tests=os.path.dirname(__file__), seed=seed, path=path)
+        env = dict(os.environ, TSPP_DISABLE_BF16_DOT=flag)
+        subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+        results[flag] = torch.load(path)
+    assert results["0"][0] is True and results["1"][0] is False
+    for name in ("fod", "ig"):
+        for a, b in zip(results["0"][1][name], results["1"][1][name]):
+            assert rel_to(a, b, b) < 1e-2
+
+
+def test_autocast_runs_convs_in_bf16(gen):
+    coords = tsp.SparseTensor(torch.randn(10, 1), torch.randint(0, 4, (10, 4), dtype=torch.int32)).C
+    coords = torch.unique(coords, dim=0)
+    x = tsp.SparseTensor(torch.randn(len(coords), 6, generator=gen), coords)
+    conv = tsp.nn.Conv3d(6, 8, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = conv(x)
+    assert y.F.dtype == torch.bfloat16

@@ -1,0 +1,166 @@
+"""Eval-time fusion (torchsparse_pp.nn.fuse): BatchNorm folded into conv weight and bias, ReLU and
+residual sums in the conv's epilogue (inside the CPU fetch_on_demand kernel, torch ops
+elsewhere). The fused model must equal the unfused one in eval mode within float rounding,
+leave the original model alone, and refuse training."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import torchsparse_pp as tsp
+from torchsparse_pp import ops
+from torchsparse_pp.models import MinkUNet, VoxelResBackBone8x
+from torchsparse_pp.models.blocks import FusedResidualBlock, ResidualBlock, conv_bn_relu
+from torchsparse_pp.nn import BatchNorm, Conv3d, FusedConv3d, ReLU, fuse
+from torchsparse_pp.nn.functional import ConvConfig, conv3d, default_config
+from torchsparse_pp.nn.functional.epilogue import Epilogue
+from conftest import lidar_coords, random_coords
+
+
+def randomise_norms(model: nn.Module, gen: torch.Generator) -> nn.Module:
+    """BatchNorm statistics and affine parameters away from identity, so folding is exercised."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                n = m.num_features
+                m.running_mean.copy_(torch.randn(n, generator=gen) * 0.3)
+                m.running_var.copy_(torch.rand(n, generator=gen) + 0.5)
+                m.weight.copy_(torch.rand(n, generator=gen) + 0.5)
+                m.bias.copy_(torch.randn(n, generator=gen) * 0.2)
+    return model
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def count_fused_kernel_calls(monkeypatch):
+    calls = []
+    real = ops.fetch_on_demand_forward_fused
+
+    def counted(*args):
+        calls.append(args[-1])
+        return real(*args)
+    monkeypatch.setattr(ops, "fetch_on_demand_forward_fused", counted)
+    return calls
+
+
+def test_fused_minkunet_equals_unfused(gen, monkeypatch):
+    torch.manual_seed(int(torch.randint(0, 2 ** 31, (1,), generator=gen)))
+    model = randomise_norms(MinkUNet(4, 7, cr=0.25), gen).eval()
+    coords = lidar_coords(int(torch.randint(0, 1000, (1,), generator=gen)), batch=2, voxel=0.1, box=40)
+    x = tsp.SparseTensor(torch.randn(len(coords), 4, generator=gen), coords)
+    calls = count_fused_kernel_calls(monkeypatch)
+    fused = fuse(model)
+    with torch.no_grad():
+        ref, out = model(x), fused(x)
+    assert rel(out, ref) < 1e-5
+    # Every Conv3d became a fused conv; every residual block's sum and ReLU run in a kernel.
+    assert not any(type(m) is Conv3d or isinstance(m, (BatchNorm, ResidualBlock)) for m in fused.modules())
+    blocks = sum(isinstance(m, FusedResidualBlock) for m in fused.modules())
+    assert blocks == sum(isinstance(m, ResidualBlock) for m in model.modules()) > 0
+    assert len(calls) > 0 and any(calls), "the CPU fetch_on_demand epilogue kernel was not used"
+
+
+def test_fused_centerpoint_backbone_equals_unfused(gen):
+    torch.manual_seed(int(torch.randint(0, 2 ** 31, (1,), generator=gen)))
+    model = randomise_norms(VoxelResBackBone8x(5), gen).eval()
+    coords = random_coords(gen, 3000, batch=2, low=0, high=40)  # 40^3: deep enough for 8x + conv_out
+    x = tsp.SparseTensor(torch.randn(len(coords), 5, generator=gen), coords, spatial_range=(40, 40, 40))
+    with torch.no_grad():
+        ref, out = model(x), fuse(model)(x)
+    assert torch.equal(out.C, ref.C)
+    assert rel(out.F, ref.F) < 1e-5
+
+
+@pytest.mark.parametrize("config", [ConvConfig("gather_scatter"), ConvConfig("implicit_gemm", sorted=True),
+                                    ConvConfig("fetch_on_demand")])
+def test_fused_equals_unfused_on_every_dataflow_and_in_grad_mode(config, gen):
+    """Other dataflows (and any call that needs the autograd graph) run the epilogue as torch
+    ops; the result is the same."""
+    block = randomise_norms(ResidualBlock(6, 9), gen).eval()
+    coords = random_coords(gen, 400, batch=2)
+    x = tsp.SparseTensor(torch.randn(len(coords), 6, generator=gen), coords)
+    fused = fuse(nn.Sequential(block))
+    with default_config(config):
+        ref = block(x).F.detach()
+        out = fused(x.replace_feats(x.F.clone().requires_grad_(True)))  # grad mode: torch-ops epilogue
+        with torch.no_grad():
+            out_kernel = fused(x)
+    assert rel(out.F.detach(), ref) < 1e-5 and rel(out_kernel.F, ref) < 1e-5
+    out.F.sum().backward()  # the fused layers are differentiable in their inputs
+
+
+def test_bfloat16_fused_equals_unfused(gen):
+    model = randomise_norms(nn.Sequential(conv_bn_relu(4, 16, 3), ResidualBlock(16, 24), ResidualBlock(24, 24)),
+                            gen).eval()
+    coords = lidar_coords(int(torch.randint(0, 1000, (1,), generator=gen)), batch=1)
+    x = tsp.SparseTensor(torch.randn(len(coords), 4, generator=gen), coords)
+    fused = fuse(model)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref, out = model(x).F, fused(x).F
+    assert out.dtype == torch.bfloat16
+    assert rel(out, ref) < 2e-2
+
+
+def test_fuse_leaves_the_model_alone_and_refuses_training(gen):
+    model = randomise_norms(MinkUNet(4, 5, cr=0.125), gen).train()
+    state = copy.deepcopy(model.state_dict())
+    fused = fuse(model)
+    assert model.training and not fused.training
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    assert sum(isinstance(m, FusedConv3d) for m in fused.modules()) > 0
+    with pytest.raises(RuntimeError, match=r"a fused model .* is for inference"):
+        fused.train()
+    fused.eval()  # allowed
+
+
+def test_folding_is_exact_for_single_layers(gen):
+    coords = random_coords(gen, 300, batch=2)
+    x = tsp.SparseTensor(torch.randn(len(coords), 3, generator=gen, dtype=torch.float64), coords)
+    for conv in (Conv3d(3, 4, 3, bias=True), Conv3d(3, 4, 2, stride=2), Conv3d(3, 4, 1)):
+        seq = randomise_norms(nn.Sequential(conv, BatchNorm(4), ReLU(True)), gen).double().eval()
+        fused = fuse(seq)
+        assert len(fused) == 1 and isinstance(fused[0], FusedConv3d) and fused[0].relu
+        with torch.no_grad():
+            assert rel(fused(x).F, seq(x).F) < 1e-12
+
+
+def test_norm_without_running_stats_is_not_folded(gen):
+    seq = nn.Sequential(Conv3d(3, 4, 3), BatchNorm(4, track_running_stats=False), ReLU(True)).eval()
+    fused = fuse(seq)
+    assert isinstance(fused[0], FusedConv3d) and fused[0].bias is None and not fused[0].relu
+    assert isinstance(fused[1], BatchNorm) and isinstance(fused[2], ReLU)
+    coords = random_coords(gen, 200)
+    x = tsp.SparseTensor(torch.randn(len(coords), 3, generator=gen), coords)
+    with torch.no_grad():
+        assert rel(fused(x).F, seq(x).F) < 1e-6
+
+
+def test_residual_must_share_the_output_coordinates(gen):
+    conv = FusedConv3d(Conv3d(3, 3, 3))
+    coords = random_coords(gen, 100)
+    x = tsp.SparseTensor(torch.randn(len(coords), 3, generator=gen), coords)
+    other = tsp.SparseTensor(torch.randn(len(coords), 3, generator=gen), coords.clone())
+    with pytest.raises(ValueError, match=r"residual is added on the output's coordinates"):
+        conv(x, residual=other)
+    with pytest.raises(TypeError, match=r"residual must be a SparseTensor"):
+        conv(x, residual=x.F)
+    with pytest.raises(ValueError, match=r"epilogue residual must be \[N_out, 3\]"):
+        conv3d(x, torch.randn(27, 3, 3), 3, epilogue=Epilogue(torch.randn(len(coords), 5)))
+
+
+def test_fused_op_rejects_bad_epilogue_operands(gen):
+    coords = random_coords(gen, 100)
+    x = tsp.SparseTensor(torch.randn(len(coords), 3, generator=gen), coords)
+    conv3d(x, torch.randn(27, 3, 4), 3, config=ConvConfig("fetch_on_demand"))
+    kmap = next(k for _, k in x.cache.maps())
+    p = kmap.pairs_sorted_by("out")
+    args = (x.F, torch.randn(27, 3, 4), p.in_idx, p.out_idx, p.offsets, p.identity, len(coords))
+    with pytest.raises(RuntimeError, match=r"bias must be a CPU vector of C_out = 4"):
+        ops.fetch_on_demand_forward_fused(*args, torch.randn(5), None, False)
+    with pytest.raises(RuntimeError, match=r"residual must be \[num_dst, C_out\]"):
+        ops.fetch_on_demand_forward_fused(*args, None, torch.randn(len(coords), 3), True)
+    with pytest.raises(RuntimeError, match=r"residual must be a CPU tensor of the feats' dtype"):
+        ops.fetch_on_demand_forward_fused(*args, None, torch.randn(len(coords), 4, dtype=torch.float64), True)
