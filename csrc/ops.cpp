@@ -62,6 +62,14 @@ TORCH_LIBRARY(torchsparse_pp, m) {
       "implicit_gemm_wgrad(Tensor feats, Tensor grad_out, Tensor table, Tensor bounds, Tensor order, "
       "Tensor tile_masks, int tile_rows, bool allow_tf32=False) -> Tensor");
 
+  // Eval-time fused forward (CPU): act(conv + bias + residual) with the epilogue applied to each
+  // block of output rows while it is in cache.
+  m.def(
+      "fetch_on_demand_forward_fused(Tensor feats, Tensor weight, Tensor src_idx, Tensor dst_idx, "
+      "Tensor offsets, Tensor identity, int num_dst, Tensor? bias, Tensor? residual, bool relu) -> Tensor");
+  // Whether this CPU runs the bfloat16 dot-product tile kernels (AVX512-BF16).
+  m.def("cpu_bf16_dot() -> bool");
+
   // Whether this build has CUDA kernels (they register under the CUDA dispatch key).
   m.def("cuda_built() -> bool");
 }

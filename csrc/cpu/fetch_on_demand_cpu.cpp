@@ -41,6 +41,41 @@ at::Tensor fetch_on_demand_wgrad_cpu(const at::Tensor& feats_in, const at::Tenso
   return dweight;
 }
 
+at::Tensor fetch_on_demand_forward_fused_cpu(const at::Tensor& feats_in, const at::Tensor& weight_in,
+                                             const at::Tensor& src_idx, const at::Tensor& dst_idx,
+                                             const at::Tensor& offsets, const at::Tensor& identity, int64_t num_dst,
+                                             const std::optional<at::Tensor>& bias,
+                                             const std::optional<at::Tensor>& residual, bool relu) {
+  check_feats(feats_in, "feats");
+  check_weight(weight_in, feats_in, false);
+  check_pairs(src_idx, dst_idx, offsets, identity, weight_in.size(0), feats_in.size(0), num_dst);
+  check_pairs_sorted_by_dst(dst_idx, offsets, weight_in.size(0));
+  const int64_t c_dst = weight_in.size(2);
+  Epilogue epilogue;
+  epilogue.relu = relu;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == c_dst && bias->device().is_cpu(),
+                "bias must be a CPU vector of C_out = ", c_dst, " values, got ", bias->sizes());
+    TORCH_CHECK(at::isFloatingType(bias->scalar_type()), "bias must be floating point, got ", bias->scalar_type());
+    epilogue.bias = *bias;
+  }
+  if (residual.has_value()) {
+    TORCH_CHECK(residual->dim() == 2 && residual->size(0) == num_dst && residual->size(1) == c_dst,
+                "residual must be [num_dst, C_out] = [", num_dst, ", ", c_dst, "], got ", residual->sizes());
+    TORCH_CHECK(residual->scalar_type() == feats_in.scalar_type() && residual->device().is_cpu(),
+                "residual must be a CPU tensor of the feats' dtype ", feats_in.scalar_type(), ", got ",
+                residual->scalar_type(), " on ", residual->device());
+    epilogue.residual = residual->contiguous();
+  }
+  const auto feats = feats_in.contiguous();
+  at::Tensor out;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, feats.scalar_type(), "fetch_on_demand_forward_fused_cpu", [&] {
+    out = pairs_forward_tiled<scalar_t>(feats, weight_in, src_idx, dst_idx, offsets, identity, num_dst, false,
+                                        epilogue);
+  });
+  return out;
+}
+
 namespace {
 
 // The schema's deterministic / allow_tf32 choose among the CUDA kernels; these kernels are
@@ -63,6 +98,7 @@ at::Tensor fetch_on_demand_wgrad_op(const at::Tensor& feats, const at::Tensor& g
 TORCH_LIBRARY_IMPL(torchsparse_pp, CPU, m) {
   m.impl("fetch_on_demand_forward", &fetch_on_demand_forward_op);
   m.impl("fetch_on_demand_wgrad", &fetch_on_demand_wgrad_op);
+  m.impl("fetch_on_demand_forward_fused", &fetch_on_demand_forward_fused_cpu);
 }
 
 }  // namespace torchsparse_pp
