@@ -1,7 +1,8 @@
-"""The GPU dataflows through the public API, on both backends: the native CUDA kernels
-(gather_scatter, implicit_gemm) and the Triton kernels (all three dataflows), every configuration
-named "<config>[native]" / "<config>[triton]"; maps are built by the default GPU map builder (torch
-ops) and, in one test, by the native CUDA builders too.
+"""The GPU dataflows through the public API, on both backends: the native CUDA kernels and the
+Triton kernels (all three dataflows on each), every configuration named "<config>[native]" /
+"<config>[triton]"; maps are built by the default GPU map builder (torch ops) and, in one test, by
+the native CUDA builders too. Native fetch_on_demand runs its fused atomic kernel, or with
+backends.deterministic its owned-rows kernel (the bit-identical repeats below).
 
 References are float64 CPU computations: the library's CPU dataflows in float64 (themselves
 checked against dense conv3d in test_dataflows.py), the dense oracle directly on small inputs,
@@ -18,7 +19,9 @@ kernels never write shows up as non-finite.
 5. autocast;
 6. the gather_scatter ops against the CPU ops on the same pairs (vectorised and scalar paths);
 7. a feature tensor above 2^31 elements: correct on sampled rows, or a clear error;
-8. bad inputs to the gather_scatter ops give clear errors, and the device stays usable.
+8. bad inputs to the gather_scatter ops give clear errors with backends.validate_plans (the ops
+   check no index per call otherwise: maps validate their views once), and the device stays
+   usable.
 
 float32-based errors are norm-wise relative to the same sums over absolute values (|feats|,
 |W|, |grad|), as in test_dataflows.py: a float32 sum is accurate relative to the size of its
@@ -49,6 +52,7 @@ DEVICE = "cuda"
 
 GS = "gather_scatter"
 IG = "implicit_gemm"
+FOD = "fetch_on_demand"
 BASE_CONFIGS = {
     "gs_eps0_thr0": ConvConfig(GS, epsilon=0.0, mm_thresh=0),
     "gs_eps0.2_thrinf": ConvConfig(GS, epsilon=0.2, mm_thresh=10 ** 9),
@@ -67,6 +71,9 @@ BASE_CONFIGS = {
     "mixed_gs_ig_gs": PassConfigs(ConvConfig(GS),
                                   ConvConfig(IG, sorted=True, split_mask_num=3),
                                   ConvConfig(GS, epsilon=1.0, mm_thresh=10 ** 9)),
+    "fod": ConvConfig(FOD),
+    # forward fetch-on-demand, dgrad sorted implicit GEMM (2 splits), wgrad fetch-on-demand
+    "mixed_fod_ig_fod": PassConfigs(ConvConfig(FOD), ConvConfig(IG, sorted=True, split_mask_num=2), ConvConfig(FOD)),
 }
 BACKENDS = ("native", "triton")
 
@@ -84,13 +91,6 @@ def named(*names):
 
 
 CONFIGS = {f"{name}[{b}]": on_backend(cfg, b) for b in BACKENDS for name, cfg in BASE_CONFIGS.items()}
-# fetch_on_demand has Triton kernels only (the native CUDA one does not exist yet).
-CONFIGS.update({
-    "fod[triton]": ConvConfig("fetch_on_demand", backend="triton"),
-    "mixed_fod_ig_fod[triton]": PassConfigs(ConvConfig("fetch_on_demand", backend="triton"),
-                                            ConvConfig(IG, sorted=True, split_mask_num=2, backend="triton"),
-                                            ConvConfig("fetch_on_demand", backend="triton")),
-})
 GATHER_SCATTER = [name for name in CONFIGS if name.startswith("gs_")]  # deterministic by construction
 
 # name -> (dtype, TF32 allowed, tolerance, errors relative to the sums over absolute values)
@@ -295,8 +295,8 @@ def test_cuda_matches_cpu_float64(geometry, config, dtype, source, channels, gen
 
 
 # Every dtype with both dataflows on the channel counts that defeat vector loads, and on wide ones.
-DTYPE_SWEEP = list(itertools.product(DTYPES, named("gs_eps0_thr0", "gs_eps0.5_thr50", "ig_unsorted", "ig_sorted_split2")
-                                     + ["fod[triton]"],
+DTYPE_SWEEP = list(itertools.product(DTYPES, named("gs_eps0_thr0", "gs_eps0.5_thr50", "ig_unsorted", "ig_sorted_split2",
+                                                   "fod"),
                                      [(3, 13), (37, 5), (64, 128)]))
 
 
@@ -422,7 +422,7 @@ def test_deterministic_mode_is_bit_identical(config, dtype, small_scan, restore_
     assert_bit_identical(runs)
 
 
-@pytest.mark.parametrize("config", ["gs_eps0_thr0[triton]", "ig_sorted_split2[native]", "fod[triton]"])
+@pytest.mark.parametrize("config", ["gs_eps0_thr0[triton]", "ig_sorted_split2[native]", "fod[triton]", "fod[native]"])
 def test_native_and_torch_maps_give_the_same_results(config, small_scan, restore_switches):
     """Maps from the native CUDA builders and from torch ops are equal (test_cuda_kmap.py), so
     the convs over them are bit-identical."""
@@ -450,7 +450,7 @@ def test_gather_scatter_is_bit_identical_without_the_flag(config, small_scan, re
 # 4. float64 on CUDA against the dense oracle
 # --------------------------------------------------------------------------------------------
 ORACLE_CASES = list(itertools.product(GEOMETRIES, named("gs_eps0_thr0", "gs_eps1_thrinf", "ig_unsorted",
-                                                         "ig_sorted_split4", "mixed_ig_gs_ig") + ["fod[triton]"]))
+                                                         "ig_sorted_split4", "mixed_ig_gs_ig", "fod")))
 
 
 @pytest.mark.parametrize("geometry, config", ORACLE_CASES, ids=[f"{g}-{c}" for g, c in ORACLE_CASES])
@@ -474,7 +474,7 @@ def test_float64_matches_dense_oracle(geometry, config, gen):
 # --------------------------------------------------------------------------------------------
 # 5. Autocast
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("config", named("gs_eps0_thr0", "ig_sorted_split1", "mixed_gs_ig_gs") + ["fod[triton]"])
+@pytest.mark.parametrize("config", named("gs_eps0_thr0", "ig_sorted_split1", "mixed_gs_ig_gs", "fod"))
 def test_autocast_runs_in_float16(config, gen):
     coords = lidar_scene(1)
     geom = GEOMETRIES["subm_k3"]
@@ -512,14 +512,16 @@ def unaligned(t: torch.Tensor) -> torch.Tensor:
 
 
 OP_CASES = list(itertools.product(["float32", "float64", "float16", "bfloat16"], [False, True],
-                                  [(0.0, 0), (0.6, 10 ** 9)], [False, True]))
+                                  [(0.0, 0), (0.6, 10 ** 9)], [False, True], ["host", "device"]))
 
 
-@pytest.mark.parametrize("dtype, transpose, grouping, misaligned", OP_CASES,
-                         ids=[f"{d}-{'T' if t else 'N'}-eps{g[0]}-{'unaligned' if m else 'aligned'}"
-                              for d, t, g, m in OP_CASES])
+@pytest.mark.parametrize("dtype, transpose, grouping, misaligned, counts", OP_CASES,
+                         ids=[f"{d}-{'T' if t else 'N'}-eps{g[0]}-{'unaligned' if m else 'aligned'}-{c}_counts"
+                              for d, t, g, m, c in OP_CASES])
 @pytest.mark.native_cuda
-def test_gather_scatter_ops_match_cpu(dtype, transpose, grouping, misaligned, gen):
+def test_gather_scatter_ops_match_cpu(dtype, transpose, grouping, misaligned, counts, gen):
+    """The CUDA ops take the offsets and identity flags on the host (what KernelMap passes: no
+    device read) or on the device (read back); both give the CPU op's result."""
     torch_dtype, _, tol, _ = DTYPES[dtype]
     kmap, p = cpu_pairs(gen)
     c_in, c_out = 12, 18  # 18 % 4 = 2: the scatter's two-element vectors
@@ -529,7 +531,8 @@ def test_gather_scatter_ops_match_cpu(dtype, transpose, grouping, misaligned, ge
     grad = torch.randn(kmap.num_out, c_out, generator=gen).to(torch_dtype)
     src, dst = (p.out_idx, p.in_idx) if transpose else (p.in_idx, p.out_idx)
     num_dst = kmap.num_in if transpose else kmap.num_out
-    on_cuda = [t.to(DEVICE) for t in (src, dst, p.offsets, p.identity)]
+    on_cuda = [t.to(DEVICE) for t in (src, dst)]
+    on_cuda += [p.offsets, p.identity] if counts == "host" else [p.offsets.to(DEVICE), p.identity.to(DEVICE)]
     f_cuda, w_cuda, g_cuda = feats.to(DEVICE), weight.to(DEVICE), grad.to(DEVICE)
     if misaligned:
         f_cuda, g_cuda = unaligned(f_cuda), unaligned(g_cuda)
@@ -540,7 +543,7 @@ def test_gather_scatter_ops_match_cpu(dtype, transpose, grouping, misaligned, ge
     w_in, w_pairs = ([p.in_idx, p.out_idx], [t.to(DEVICE) for t in (p.in_idx, p.out_idx)])
     x_in = torch.randn(kmap.num_in, c_in, generator=gen).to(torch_dtype)
     x_cuda = unaligned(x_in.to(DEVICE)) if misaligned else x_in.to(DEVICE)
-    dw = ops.gather_scatter_wgrad(x_cuda, g_cuda, *w_pairs, p.offsets.to(DEVICE), p.identity.to(DEVICE))
+    dw = ops.gather_scatter_wgrad(x_cuda, g_cuda, *w_pairs, *on_cuda[2:])
     torch.cuda.synchronize()
     assert out.dtype == dw.dtype == torch_dtype and out.shape == (num_dst, c_in if transpose else c_out)
     assert_finite(out=out, wgrad=dw)
@@ -609,7 +612,7 @@ def large_row_of(c: torch.Tensor) -> torch.Tensor:
     return torch.where(in_extra, math.prod(BLOCK) + extra_row, row)
 
 
-@pytest.mark.parametrize("config", named("gs_eps0_thr0", "ig_sorted_split1") + ["fod[triton]"])
+@pytest.mark.parametrize("config", named("gs_eps0_thr0", "ig_sorted_split1", "fod"))
 def test_more_than_2_31_feature_elements(config, gen):
     if torch.cuda.get_device_properties(0).total_memory < 70 * 2 ** 30:
         pytest.skip("needs a GPU with 70 GiB or more")
@@ -653,6 +656,18 @@ def test_more_than_2_31_feature_elements(config, gen):
 # 8. Bad inputs to the gather_scatter ops
 # --------------------------------------------------------------------------------------------
 @pytest.fixture
+def validating():
+    """backends.validate_plans on: the op wrappers validate every call (the CUDA ops check
+    shapes only; index values are validated when a map builds its views)."""
+    saved = backends.validate_plans
+    backends.validate_plans = True
+    try:
+        yield
+    finally:
+        backends.validate_plans = saved
+
+
+@pytest.fixture
 def subm_cuda(gen):
     kmap, p = cpu_pairs(gen, random_coords(gen, 150, batch=2, low=-3, high=4))
     feats = torch.randn(kmap.num_in, 4, generator=gen).to(DEVICE)
@@ -680,7 +695,7 @@ def still_works(kmap, feats, weight, pairs):
     (1, -5, r"destination index is out of range"),
 ])
 @pytest.mark.native_cuda
-def test_out_of_range_indices_are_rejected(subm_cuda, which, value, message):
+def test_out_of_range_indices_are_rejected(subm_cuda, validating, which, value, message):
     kmap, feats, weight, pairs = subm_cuda
     pos, _ = first_gathered_pair(pairs[2], pairs[3])
     bad = [t.clone() for t in pairs]
@@ -693,7 +708,7 @@ def test_out_of_range_indices_are_rejected(subm_cuda, which, value, message):
 
 
 @pytest.mark.native_cuda
-def test_identity_flag_on_an_ordinary_offset_is_rejected(subm_cuda):
+def test_identity_flag_on_an_ordinary_offset_is_rejected(subm_cuda, validating):
     kmap, feats, weight, pairs = subm_cuda
     _, k = first_gathered_pair(pairs[2], pairs[3])
     identity = pairs[3].clone()
@@ -704,7 +719,7 @@ def test_identity_flag_on_an_ordinary_offset_is_rejected(subm_cuda):
 
 
 @pytest.mark.native_cuda
-def test_identity_offset_that_is_not_the_identity_is_rejected(subm_cuda):
+def test_identity_offset_that_is_not_the_identity_is_rejected(subm_cuda, validating):
     kmap, feats, weight, pairs = subm_cuda
     k = int(pairs[3].nonzero()[0])
     src = pairs[0].clone()
@@ -715,7 +730,7 @@ def test_identity_offset_that_is_not_the_identity_is_rejected(subm_cuda):
 
 
 @pytest.mark.native_cuda
-def test_duplicate_destination_within_an_offset_is_rejected(subm_cuda):
+def test_duplicate_destination_within_an_offset_is_rejected(subm_cuda, validating):
     """The scatter has no atomics; a repeated destination would lose sums silently."""
     kmap, feats, weight, pairs = subm_cuda
     pos, k = first_gathered_pair(pairs[2], pairs[3])
@@ -727,7 +742,7 @@ def test_duplicate_destination_within_an_offset_is_rejected(subm_cuda):
 
 
 @pytest.mark.native_cuda
-def test_bad_offsets_are_rejected(subm_cuda):
+def test_bad_offsets_are_rejected(subm_cuda, validating):
     kmap, feats, weight, pairs = subm_cuda
     offsets = pairs[2].clone()
     offsets[5], offsets[6] = pairs[2][6] + 1, pairs[2][5]

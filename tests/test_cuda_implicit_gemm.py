@@ -2,13 +2,15 @@
 
 Op level: every generated dtype / math path, splits 0-4, channel counts on and off the vector
 widths, forward, dgrad (transposed table, W^T) and wgrad; plans from kmap_plan moved to the GPU;
-outputs land in memory poisoned with NaN first, so an unwritten row fails. Skipped without a GPU.
+outputs land in memory poisoned with NaN first, so an unwritten row fails. The ops check shapes
+only; bad tables and plans are rejected by the validation (backends.validate_plans, or a map's
+views when built). Skipped without a GPU.
 """
 import pytest
 import torch
 
 import torchsparse_pp  # noqa: F401  (registers the ops)
-from torchsparse_pp import ops
+from torchsparse_pp import backends, ops
 from torchsparse_pp.kmap import ConvGeometry, KernelMapCache, strided_map, submanifold_map
 from conftest import fresh_seed, lidar_coords, random_coords
 
@@ -126,7 +128,17 @@ def test_split_results_agree_and_are_deterministic(kmaps):
     assert torch.equal(again, runs[2])
 
 
-def test_plan_of_another_map_is_rejected(kmaps):
+@pytest.fixture
+def validating():
+    saved = backends.validate_plans
+    backends.validate_plans = True
+    try:
+        yield
+    finally:
+        backends.validate_plans = saved
+
+
+def test_plan_of_another_map_is_rejected(kmaps, validating):
     a, b = kmaps["subm3_lidar"], kmaps["subm3_random"]
     feats = torch.randn(a.num_in, 8, device="cuda")
     weight = torch.randn(27, 8, 8, device="cuda")
@@ -135,7 +147,7 @@ def test_plan_of_another_map_is_rejected(kmaps):
                                   *cuda_plan(b.out_in[:a.out_in.shape[0]], min(b.num_out, a.num_out), 1), TILE_ROWS)
 
 
-def test_out_of_range_table_entry_is_rejected(kmaps):
+def test_out_of_range_table_entry_is_rejected(kmaps, validating):
     kmap = kmaps["subm3_random"]
     table = kmap.out_in.clone()
     table[0, 0] = kmap.num_in + 5
@@ -149,7 +161,7 @@ def test_out_of_range_table_entry_is_rejected(kmaps):
         ops.implicit_gemm_forward(feats, weight, table.cuda(), kmap.num_out, False, bounds, order, masks, TILE_ROWS)
 
 
-def test_order_listing_a_row_twice_is_rejected(kmaps):
+def test_order_listing_a_row_twice_is_rejected(kmaps, validating):
     kmap = kmaps["subm3_random"]
     bounds, order, masks = cuda_plan(kmap.out_in, kmap.num_out, 1)
     order = order.clone()
@@ -159,6 +171,27 @@ def test_order_listing_a_row_twice_is_rejected(kmaps):
     with pytest.raises(RuntimeError, match="every row once"):
         ops.implicit_gemm_forward(feats, weight, kmap.out_in.cuda(), kmap.num_out, False, bounds, order, masks,
                                   TILE_ROWS)
+
+
+@pytest.mark.parametrize("splits", [0, 1, 3])
+def test_343_offsets_walk_several_mask_words(splits):
+    """A 7^3 kernel: one split holds up to 343 offsets, six 64-bit mask words per tile, which the
+    forward kernel lists one word at a time."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    coords = random_coords(gen, 1500, batch=1, low=-6, high=7)
+    kmap = submanifold_map(KernelMapCache(), coords, ConvGeometry.make(7, 1, 1, 3), None)
+    K = kmap.out_in.shape[1]
+    assert K == 343
+    feats = torch.randn(kmap.num_in, 16, generator=gen)
+    weight = torch.randn(K, 16, 24, generator=gen) / (K * 16) ** 0.5
+    grad = torch.randn(kmap.num_out, 24, generator=gen)
+    poison()
+    out = ops.implicit_gemm_forward(feats.cuda(), weight.cuda(), kmap.out_in.cuda(), kmap.num_out, False,
+                                    *cuda_plan(kmap.out_in, kmap.num_out, splits), TILE_ROWS)
+    assert relative_error(out, reference_forward(feats, weight, kmap.out_in, kmap.num_out)) < 1e-5
+    dw = ops.implicit_gemm_wgrad(feats.cuda(), grad.cuda(), kmap.out_in.cuda(),
+                                 *cuda_plan(kmap.out_in, kmap.num_out, splits), TILE_ROWS)
+    assert relative_error(dw, reference_wgrad(feats, grad, kmap.out_in)) < 1e-5
 
 
 def test_more_than_2_31_feature_elements():
