@@ -34,12 +34,14 @@ enum class Relation {
 struct AxisRule {
   Relation rel;
   int64_t k, s, d, pad, range;        // range: exclusive bound of [0, range), or -1
+  int shift;                          // log2(s) when s is a power of two (no division), else -1
   std::vector<int64_t> first;         // [s + 1]: taps of residue r are [first[r], first[r+1])
   std::vector<int64_t> taps, behind;  // tap t, and (t*d - r) / s: q = floor((p+pad)/s) - behind
 
   AxisRule(const KernelGeometry& g, Relation relation, int a, const int64_t* out_range)
       : rel(relation), k(g.k[a]), s(g.s[a]), d(g.d[a]), pad(g.pad[a]),
-        range(out_range != nullptr ? out_range[a] : -1) {
+        range(out_range != nullptr ? out_range[a] : -1), shift(-1) {
+    if ((s & (s - 1)) == 0) shift = __builtin_ctzll(static_cast<uint64_t>(s));
     if (rel != Relation::kReadBy) return;
     first.assign(s + 1, 0);
     for (int64_t r = 0; r < s; ++r) {
@@ -53,6 +55,10 @@ struct AxisRule {
     first[s] = static_cast<int64_t>(taps.size());
   }
 
+  // floor(x / s): an arithmetic shift for power-of-two strides (a division costs ~30 cycles,
+  // and the common strides are 1 and 2).
+  int64_t divide(int64_t x) const { return shift >= 0 ? (x >> shift) : floor_div(x, s); }
+
   // Coordinates (and taps) that p reaches on this axis; returns how many.
   int reach(int64_t p, int64_t* coord, int64_t* tap) const {
     int n = 0;
@@ -63,11 +69,11 @@ struct AxisRule {
       ++n;
     };
     if (rel == Relation::kFloor) {
-      push(floor_div(p, s), 0);
+      push(divide(p), 0);
     } else if (rel == Relation::kWrites) {
       for (int64_t t = 0; t < k; ++t) push(p * s - pad + t * d, t);
     } else {
-      const int64_t base = floor_div(p + pad, s), r = p + pad - base * s;
+      const int64_t base = divide(p + pad), r = p + pad - base * s;
       for (int64_t i = first[r]; i < first[r + 1]; ++i) push(base - behind[i], taps[i]);
     }
     return n;
