@@ -1,7 +1,8 @@
 # Fresh-machine entry points (see README.md):
 #   make demo   set up, then run the demo
 #   make test   set up, then run the test suite (what CI runs)
-#   make cuda-check  compile every CUDA source with nvcc for sm_80 / sm_90 (no GPU needed)
+#   make cuda-check  compile every CUDA source with nvcc for sm_80 / sm_90 (no GPU needed) and check
+#                    ptxas' report of every kernel (fails on spills; CUDA_CHECK_MARKDOWN=FILE: table)
 #   make triton-check  compile every Triton kernel instantiation for sm_80 ... sm_120, gfx90a, gfx942
 PYTHON ?= python3
 export PYTHON
@@ -23,6 +24,8 @@ demo: $(SETUP_STAMP)
 test: $(SETUP_STAMP)
 	bash scripts/run_tests.sh
 
+# Fails on a compile error, a stale generated kernel, or any kernel that spills, keeps a stack frame
+# or uses more than 48 KiB of static shared memory (tools/ptxas_report.py prints the table).
 cuda-check: $(SETUP_STAMP)
 	bash scripts/cuda_compile_check.sh
 

@@ -198,33 +198,22 @@ def dispatch_file(dataflow: str) -> str:
     members = "".join(f"  cudaError_t (*{name})({types});\n" for name, _, types, _ in launchers)
     entry_points = "".join(
         f"cudaError_t launch_{name}(DType dtype, Math math, int tile, {params}) {{\n"
-        "  const Entry* e = find(dtype, math, tile);\n"
+        "  const Entry* e = gemm::find_entry(kEntries, dtype, math, tile);\n"
         f"  return e == nullptr ? cudaErrorInvalidValue : e->{name}({args});\n"
         "}\n\n"
         for name, params, _, args in launchers)
     return (HEADER +
             "// The dispatch table: (dtype, math, tile index among that pair's rows) -> launchers.\n"
+            '#include "../../gemm/dispatch_table.h"\n'
             '#include "kernels.h"\n\n'
             f"namespace torchsparse_pp {{\nnamespace {ns} {{\n\nnamespace {{\n\n"
             "struct Entry {\n"
             "  DType dtype;\n  Math math;\n  TileShape shape;\n" + members +
             "};\n\n"
             "const Entry kEntries[] = {\n" + "".join(rows) + "};\n\n"
-            "const Entry* find(DType dtype, Math math, int tile) {\n"
-            "  int seen = 0;\n"
-            "  for (const Entry& e : kEntries)\n"
-            "    if (e.dtype == dtype && e.math == math && seen++ == tile) return &e;\n"
-            "  return nullptr;\n"
-            "}\n\n"
             "}  // namespace\n\n"
             "int tile_shapes(DType dtype, Math math, TileShape* shapes, int capacity) {\n"
-            "  int count = 0;\n"
-            "  for (const Entry& e : kEntries)\n"
-            "    if (e.dtype == dtype && e.math == math) {\n"
-            "      if (count < capacity) shapes[count] = e.shape;\n"
-            "      ++count;\n"
-            "    }\n"
-            "  return count;\n"
+            "  return gemm::tile_shapes_of(kEntries, dtype, math, shapes, capacity);\n"
             "}\n\n" + entry_points +
             f"}}  // namespace {ns}\n}}  // namespace torchsparse_pp\n")
 

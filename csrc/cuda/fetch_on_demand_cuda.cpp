@@ -30,13 +30,8 @@ using fod::DType;
 using fod::Math;
 using fod::TileShape;
 using tiled::accumulator_dtype;
+using tiled::check_operand;
 using tiled::kernel_dtype;
-
-void check_operand(const at::Tensor& t, const char* name, const at::Device& device) {
-  TORCH_CHECK(t.dim() == 2, name, " must be 2-D [N, C], got ", t.sizes());
-  TORCH_CHECK(t.device() == device, name, " is on ", t.device(), " but feats are on ", device);
-  kernel_dtype(t.scalar_type());
-}
 
 // The pairs as the kernels read them; only shapes, dtypes and devices are checked (host metadata).
 fod::PairList pair_list(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at::Tensor& offsets,
@@ -61,8 +56,6 @@ fod::PairList pair_list(const at::Tensor& src_idx, const at::Tensor& dst_idx, co
   return pairs;
 }
 
-cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
-
 }  // namespace
 
 at::Tensor fetch_on_demand_forward_cuda(const at::Tensor& feats_in, const at::Tensor& weight_in,
@@ -72,19 +65,11 @@ at::Tensor fetch_on_demand_forward_cuda(const at::Tensor& feats_in, const at::Te
   const auto device = feats_in.device();
   const c10::cuda::CUDAGuard guard(device);
   tiled::check_architecture(device, "fetch-on-demand");
-  check_operand(feats_in, "feats", device);
-  TORCH_CHECK(weight_in.dim() == 3, "weight must be [K, C_in, C_out], got ", weight_in.sizes());
-  TORCH_CHECK(weight_in.device() == device, "weight is on ", weight_in.device(), " but feats are on ", device);
-  TORCH_CHECK(weight_in.scalar_type() == feats_in.scalar_type(), "weight dtype ", weight_in.scalar_type(),
-              " does not match feats dtype ", feats_in.scalar_type());
+  check_operand(feats_in, "feats", device, "feats are");
   TORCH_CHECK(num_dst >= 0, "num_dst must be >= 0, got ", num_dst);
-  // dgrad multiplies by W[k]^T: a contiguous transposed copy (the weight is small) keeps one kernel.
-  const auto weight = transpose_weight ? weight_in.transpose(1, 2).contiguous() : weight_in.contiguous();
+  const auto weight = tiled::oriented_weight(weight_in, feats_in, transpose_weight, "feats are");
   const auto feats = feats_in.contiguous();
   const int64_t K = weight.size(0), c_in = weight.size(1), c_out = weight.size(2);
-  TORCH_CHECK(feats.size(1) == c_in, "feats have ", feats.size(1), " channels but the weight expects ", c_in);
-  TORCH_CHECK(c_in < (1 << 30) && c_out <= (1 << 21), "channel counts must be below 2^30 (input) and 2^21 "
-              "(output: grid rows of at most 65535 tiles)");
   const fod::PairList pairs = pair_list(src_idx, dst_idx, offsets, identity, K, device);
   const auto st = feats.scalar_type();
   if (num_dst == 0 || c_out == 0 || pairs.num_pairs == 0 || c_in == 0)
@@ -106,7 +91,7 @@ at::Tensor fetch_on_demand_forward_cuda(const at::Tensor& feats_in, const at::Te
     tiled::choose_tile(device, &fod::tile_shapes, dtype, math, num_dst, c_out, 0, &tile);
     auto out = at::empty({num_dst, c_out}, feats.options());
     p.out = out.data_ptr();
-    C10_CUDA_CHECK(fod::launch_forward_owned(dtype, math, tile, wide, p, current_stream()));
+    C10_CUDA_CHECK(fod::launch_forward_owned(dtype, math, tile, wide, p, tiled::current_stream()));
     return out;
   }
   const TileShape shape = tiled::choose_tile(device, &fod::tile_shapes, dtype, math, pairs.num_pairs, c_out, 0, &tile);
@@ -114,7 +99,7 @@ at::Tensor fetch_on_demand_forward_cuda(const at::Tensor& feats_in, const at::Te
               "too many pairs (", pairs.num_pairs, ") for one launch");
   auto acc = at::zeros({num_dst, c_out}, feats.options().dtype(accumulator_dtype(st)));
   p.out = acc.data_ptr();
-  C10_CUDA_CHECK(fod::launch_forward_atomic(dtype, math, tile, wide, p, current_stream()));
+  C10_CUDA_CHECK(fod::launch_forward_atomic(dtype, math, tile, wide, p, tiled::current_stream()));
   return acc.scalar_type() == st ? acc : acc.to(st);
 }
 
@@ -124,8 +109,8 @@ at::Tensor fetch_on_demand_wgrad_cuda(const at::Tensor& feats_in, const at::Tens
   const auto device = feats_in.device();
   const c10::cuda::CUDAGuard guard(device);
   tiled::check_architecture(device, "fetch-on-demand");
-  check_operand(feats_in, "feats", device);
-  check_operand(grad_in, "grad_out", device);
+  check_operand(feats_in, "feats", device, "feats are");
+  check_operand(grad_in, "grad_out", device, "feats are");
   TORCH_CHECK(feats_in.scalar_type() == grad_in.scalar_type(), "feats dtype ", feats_in.scalar_type(),
               " does not match grad_out dtype ", grad_in.scalar_type());
   TORCH_CHECK(identity.dim() == 1, "identity must be a bool vector of length K, got shape ", identity.sizes());
@@ -162,7 +147,7 @@ at::Tensor fetch_on_demand_wgrad_cuda(const at::Tensor& feats_in, const at::Tens
   p.c_out = static_cast<int>(c_out);
   p.chunks = static_cast<int>(chunks);
   p.pairs = pairs;
-  C10_CUDA_CHECK(fod::launch_wgrad(dtype, math, tile, wide, p, current_stream()));
+  C10_CUDA_CHECK(fod::launch_wgrad(dtype, math, tile, wide, p, tiled::current_stream()));
   // Chunk partials summed in chunk order: deterministic.
   return partial.sum(0).to(st);
 }

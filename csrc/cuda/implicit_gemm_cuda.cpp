@@ -26,15 +26,8 @@ using igemm::Math;
 using igemm::PlanView;
 using igemm::TileShape;
 using tiled::accumulator_dtype;
+using tiled::check_operand;
 using tiled::kernel_dtype;
-
-cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
-
-void check_operand(const at::Tensor& t, const char* name, const at::Device& device) {
-  TORCH_CHECK(t.dim() == 2, name, " must be 2-D [N, C], got ", t.sizes());
-  TORCH_CHECK(t.device() == device, name, " is on ", t.device(), " but the map is on ", device);
-  kernel_dtype(t.scalar_type());
-}
 
 // The table and plan as the kernels read them. Only shapes are checked here (host metadata): the
 // values were validated when the plan was built.
@@ -91,19 +84,10 @@ at::Tensor implicit_gemm_forward_cuda(const at::Tensor& feats_in, const at::Tens
                                       bool allow_tf32) {
   const c10::cuda::CUDAGuard guard(table.device());
   tiled::check_architecture(table.device(), "implicit GEMM");
-  check_operand(feats_in, "feats", table.device());
-  TORCH_CHECK(weight_in.dim() == 3, "weight must be [K, C_in, C_out], got ", weight_in.sizes());
-  TORCH_CHECK(weight_in.device() == table.device(), "weight is on ", weight_in.device(), " but the map is on ",
-              table.device());
-  TORCH_CHECK(weight_in.scalar_type() == feats_in.scalar_type(), "weight dtype ", weight_in.scalar_type(),
-              " does not match feats dtype ", feats_in.scalar_type());
-  // dgrad multiplies by W[k]^T: a contiguous transposed copy (the weight is small) keeps one kernel.
-  const auto weight = transpose_weight ? weight_in.transpose(1, 2).contiguous() : weight_in.contiguous();
+  check_operand(feats_in, "feats", table.device(), "the map is");
+  const auto weight = tiled::oriented_weight(weight_in, feats_in, transpose_weight, "the map is");
   const auto feats = feats_in.contiguous();
   const int64_t K = weight.size(0), c_in = weight.size(1), c_out = weight.size(2);
-  TORCH_CHECK(feats.size(1) == c_in, "feats have ", feats.size(1), " channels but the weight expects ", c_in);
-  TORCH_CHECK(c_in < (1 << 30) && c_out <= (1 << 21), "channel counts must be below 2^30 (input) and 2^21 "
-              "(output: grid rows of at most 65535 tiles)");
   // The kernel counts its (offset, C_in chunk) steps in int; the smallest chunk is 8 channels.
   TORCH_CHECK(K * ((c_in + 7) / 8) < std::numeric_limits<int32_t>::max(), "kernel volume x input channels (", K,
               " x ", c_in, ") is too large");
@@ -130,7 +114,7 @@ at::Tensor implicit_gemm_forward_cuda(const at::Tensor& feats_in, const at::Tens
   p.c_in = static_cast<int>(c_in);
   p.c_out = static_cast<int>(c_out);
   p.plan = plan;
-  C10_CUDA_CHECK(igemm::launch_forward(dtype, math, tile, wide, acc_out, p, current_stream()));
+  C10_CUDA_CHECK(igemm::launch_forward(dtype, math, tile, wide, acc_out, p, tiled::current_stream()));
   // Split partials summed in split order: deterministic.
   return acc_out ? out.sum(0).to(st) : out;
 }
@@ -140,8 +124,8 @@ at::Tensor implicit_gemm_wgrad_cuda(const at::Tensor& feats_in, const at::Tensor
                                     int64_t tile_rows, bool allow_tf32) {
   const c10::cuda::CUDAGuard guard(table.device());
   tiled::check_architecture(table.device(), "implicit GEMM");
-  check_operand(feats_in, "feats", table.device());
-  check_operand(grad_in, "grad_out", table.device());
+  check_operand(feats_in, "feats", table.device(), "the map is");
+  check_operand(grad_in, "grad_out", table.device(), "the map is");
   TORCH_CHECK(feats_in.scalar_type() == grad_in.scalar_type(), "feats dtype ", feats_in.scalar_type(),
               " does not match grad_out dtype ", grad_in.scalar_type());
   TORCH_CHECK(table.dim() == 2, "the map must be [rows, K], got ", table.sizes());
@@ -182,7 +166,7 @@ at::Tensor implicit_gemm_wgrad_cuda(const at::Tensor& feats_in, const at::Tensor
   p.chunks = static_cast<int>(chunks);
   p.tiles_per_chunk = static_cast<int>(per_chunk);
   p.plan = plan;
-  C10_CUDA_CHECK(igemm::launch_wgrad(dtype, math, tile, wide, p, current_stream()));
+  C10_CUDA_CHECK(igemm::launch_wgrad(dtype, math, tile, wide, p, tiled::current_stream()));
   // Chunk partials summed in chunk order: deterministic.
   return partial.sum(0).to(st);
 }

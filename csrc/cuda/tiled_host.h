@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAMacros.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -73,6 +74,33 @@ inline void check_architecture(const at::Device& device, const char* dataflow) {
   const int major = device_attributes(device).major;
   TORCH_CHECK(major >= 8, "the CUDA ", dataflow, " needs compute capability 8.0 or newer; ", device, " has ", major,
               ".x (use the gather_scatter dataflow there)");
+}
+
+inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+
+// A feature operand [N, C] of a supported dtype on `device` (`where` names what is there).
+inline void check_operand(const at::Tensor& t, const char* name, const at::Device& device, const char* where) {
+  TORCH_CHECK(t.dim() == 2, name, " must be 2-D [N, C], got ", t.sizes());
+  TORCH_CHECK(t.device() == device, name, " is on ", t.device(), " but ", where, " on ", device);
+  kernel_dtype(t.scalar_type());
+}
+
+// The weight [K, C_in, C_out] of a forward (or, with transpose_weight, W^T per offset for dgrad)
+// as the kernels read it: contiguous [K, C_src, C_dst] (the weight is small: one copy keeps one
+// kernel for both), checked against the features.
+inline at::Tensor oriented_weight(const at::Tensor& weight, const at::Tensor& feats, bool transpose_weight,
+                                  const char* where) {
+  TORCH_CHECK(weight.dim() == 3, "weight must be [K, C_in, C_out], got ", weight.sizes());
+  TORCH_CHECK(weight.device() == feats.device(), "weight is on ", weight.device(), " but ", where, " on ",
+              feats.device());
+  TORCH_CHECK(weight.scalar_type() == feats.scalar_type(), "weight dtype ", weight.scalar_type(),
+              " does not match feats dtype ", feats.scalar_type());
+  auto w = transpose_weight ? weight.transpose(1, 2).contiguous() : weight.contiguous();
+  TORCH_CHECK(feats.size(1) == w.size(1), "feats have ", feats.size(1), " channels but the weight expects ",
+              w.size(1));
+  TORCH_CHECK(w.size(1) < (1 << 30) && w.size(2) <= (1 << 21), "channel counts must be below 2^30 (input) and "
+              "2^21 (output: grid rows of at most 65535 tiles)");
+  return w;
 }
 
 using TileShapes = int (*)(DType, Math, TileShape*, int);
