@@ -220,8 +220,10 @@ def test_coordinates_at_the_range_limits(generator):
         pad = [(k - 1) * d // 2 for k, d in zip(ks, dil)]
         out_in = check("kmap_submanifold", coords, ks, dil, pad, 128, what=f"{ks} {dil}")
         check_views(out_in, n, n, SOME_PLANS, what=f"limits {ks}")
-    far_padding = check("kmap_submanifold", coords, [3, 3, 3], [1, 1, 1], [1 << 40, 0, 1], 128, what="far padding")
-    assert int(far_padding[:n].max()) == -1  # every offset moves x by about 2^40
+    far_padding = check("kmap_submanifold", coords, [3, 3, 3], [1, 1, 1], [1 << 20, 0, 1], 128, what="far padding")
+    assert int(far_padding[:n].max()) == -1  # every offset moves x by about 2^20, past the whole range
+    same_error(r"padding must be at most 2\^20", "kmap_submanifold", coords, [3, 3, 3], [1, 1, 1],
+               [(1 << 20) + 1, 0, 1], 128)
     outcomes = set()
     for geometry in (ConvGeometry.make(2, stride=2), ConvGeometry.make(3, stride=2, padding=1),
                      ConvGeometry.make(3, stride=1, padding=1), ConvGeometry.make(1, stride=3),
@@ -314,8 +316,8 @@ def test_duplicates_raise_the_same_errors(generator):
     same_error(rf"duplicate coordinate \(.*\) at rows \d+ and \d+: {UNIQUE}", "kmap_submanifold", dup, *sub)
     for mode in ("spconv", "minkowski"):
         for geometry in (ConvGeometry.make(3, stride=2, padding=1), ConvGeometry.make(2, stride=2)):
-            same_error(rf"duplicate coordinate at row \d+: {UNIQUE}", "kmap_downsample", dup, *geometry.args(),
-                       mode, None, 128)
+            same_error(rf"duplicate coordinate \(.*\) at rows \d+ and \d+: {UNIQUE}", "kmap_downsample", dup,
+                       *geometry.args(), mode, None, 128)
     same_error(rf"duplicate coordinate \(.*\) at rows \d+ and \d+", "kmap_generative", dup, [2, 2, 2], [2, 2, 2],
                [1, 1, 1], [0, 0, 0], None, 128)
     # A triple and a second pair: the reported rows are the smallest such.
@@ -323,8 +325,8 @@ def test_duplicates_raise_the_same_errors(generator):
     many[rows[0]] = many[rows[1]] = many[rows[2]]
     many[5] = many[rows[3]]
     same_error(r"duplicate coordinate", "kmap_submanifold", many, *sub)
-    same_error(r"duplicate coordinate at row", "kmap_downsample", many, [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1],
-               "spconv", None, 128)
+    same_error(r"duplicate coordinate \(.*\) at rows", "kmap_downsample", many, [3, 3, 3], [2, 2, 2], [1, 1, 1],
+               [1, 1, 1], "spconv", None, 128)
 
 
 def test_out_of_range_raises_the_same_errors(generator):
@@ -344,12 +346,13 @@ def test_out_of_range_raises_the_same_errors(generator):
     same_error(r"coords row 12 = \(-2, .*\) is outside", "kmap_generative", bad, [2, 2, 2], [2, 2, 2], [1, 1, 1],
                [0, 0, 0], None, 128)
     for mode in ("spconv", "minkowski"):
-        same_error(r"input row 12 produces an output coordinate outside", "kmap_downsample", bad, [2, 2, 2],
+        same_error(r"coords row 12 = \(-2, .*\) is outside", "kmap_downsample", bad, [2, 2, 2],
                    [2, 2, 2], [1, 1, 1], [0, 0, 0], mode, None, 128)
-    # A large stride brings x = 40000 back into range: the input itself is never checked.
+    # A large stride would bring x = 40000 back into range: the input itself is checked (issue 18).
     fine = coords.clone()
     fine[40, 1] = 40000
-    check("kmap_downsample", fine, [2, 2, 2], [4, 4, 4], [1, 1, 1], [0, 0, 0], "spconv", None, 128)
+    same_error(r"coords row 40 = \(\d+, 40000, .*\) is outside", "kmap_downsample", fine, [2, 2, 2], [4, 4, 4],
+               [1, 1, 1], [0, 0, 0], "spconv", None, 128)
 
 
 def test_bad_arguments_raise_the_same_errors(generator):
@@ -403,14 +406,16 @@ def test_view_errors_are_the_same(generator):
 
 
 def test_geometry_that_would_overflow_is_rejected():
-    """stride * coordinate beyond int64: the torch ops refuse rather than wrap around."""
+    """stride * coordinate beyond int64: both implementations refuse values past 2^20 (issue 18)."""
     coords = torch.tensor([[0, 4, 0, 0], [0, -3, 2, 1]], dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"stride \[4611686018427387904, 1, 1\].*up to 2\^31 - 1"):
-        torch_ops.kmap_generative(coords, [2, 1, 1], [1 << 62, 1, 1], [1, 1, 1], [0, 0, 0], None, 16)
-    with pytest.raises(ValueError, match=r"dilation .*up to 2\^31 - 1"):
-        torch_ops.kmap_downsample(coords, [5, 1, 1], [1, 1, 1], [1 << 62, 1, 1], [0, 0, 0], "spconv", None, 16)
-    # Below the bound the arithmetic is exact: the fine sites of a huge stride are out of range.
-    big = (1 << 31) - 1
+    same_error(r"^stride must be at most 2\^20 = 1048576 per axis .*got \[4611686018427387904, 1, 1\]$",
+               "kmap_generative", coords, [2, 1, 1], [1 << 62, 1, 1], [1, 1, 1], [0, 0, 0], None, 16)
+    same_error(r"^dilation must be at most 2\^20", "kmap_downsample", coords, [5, 1, 1], [1, 1, 1], [1 << 62, 1, 1],
+               [0, 0, 0], "spconv", None, 16)
+    same_error(r"^padding must be at most 2\^20", "kmap_downsample", coords, [5, 1, 1], [1, 1, 1], [1, 1, 1],
+               [0, 0, 1 << 21], "spconv", None, 16)
+    # At the bound the arithmetic is exact: the fine sites of a huge stride are out of range.
+    big = 1 << 20
     same_error(r"input row 0 produces an output coordinate outside", "kmap_generative", coords, [2, 1, 1],
                [big, 1, 1], [1, 1, 1], [0, 0, 0], None, 16)
 

@@ -304,9 +304,10 @@ def test_validate_plans_is_a_bool(switches):
     assert backends.validate_plans is True
 
 
-def test_validate_plans_checks_every_op_call(subm_pairs, gen, switches):
-    """A destination repeated within an offset passes the CPU ops' own checks (their pair lists
-    never have one) but not the validation, which the switch adds to every wrapper call."""
+def test_validate_plans_checks_every_op_call(subm_pairs, gen, switches, monkeypatch):
+    """A destination repeated within an offset fails the CPU ops' own check_pairs (issue 18: a
+    parallel scatter would race on it) and the validation, which the switch adds to every
+    wrapper call before the op runs."""
     kmap, pairs = subm_pairs
     (src, dst, offsets, identity), _, pattern = corrupt("repeated_destination", kmap, pairs)
     feats = torch.randn(kmap.num_in, 4, generator=gen)
@@ -318,13 +319,17 @@ def test_validate_plans_checks_every_op_call(subm_pairs, gen, switches):
         "gather_scatter_wgrad": lambda: ops.gather_scatter_wgrad(feats, grad, src, dst, offsets, identity),
         "fetch_on_demand_wgrad": lambda: ops.fetch_on_demand_wgrad(feats, grad, src, dst, offsets, identity),
     }
-    backends.validate_plans = False
-    for name, call in calls.items():
-        call()
-    backends.validate_plans = True
-    for name, call in calls.items():
-        with pytest.raises(RuntimeError, match=pattern):
-            call()
+    validated = []
+    for module in (ops.gather_scatter, ops.fetch_on_demand):
+        real = module.validate_pairs
+        monkeypatch.setattr(module, "validate_pairs",
+                            lambda *a, real=real, **k: validated.append(1) or real(*a, **k))
+    for switch in (False, True):
+        backends.validate_plans = switch
+        for name, call in calls.items():
+            with pytest.raises(RuntimeError, match=pattern):
+                call()
+        assert len(validated) == (len(calls) if switch else 0)
 
 
 def test_validate_plans_checks_implicit_gemm_calls(two_maps, gen, switches):

@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <vector>
+
+#include "kmap_common.h"
 
 namespace torchsparse_pp {
 
@@ -27,11 +30,38 @@ bool all_in_range(const at::Tensor& t, int64_t lo, int64_t hi) {
   return ok;
 }
 
+// The first offset (of K) whose pairs name some destination more than once, or K. Offsets whose
+// destinations ascend (as kmap_pairs builds them) need one comparison per pair; others are
+// checked with a per-thread stamp per destination row.
+int64_t first_repeated_destination(const int32_t* dst, const int64_t* off, int64_t K, int64_t num_dst) {
+  std::atomic<int64_t> first{K};
+  at::parallel_for(0, K, 1, [&](int64_t kb, int64_t ke) {
+    std::vector<int32_t> stamp;  // offset + 1 that last named each row (K <= 32^3)
+    for (int64_t k = kb; k < ke; ++k) {
+      bool ascending = true;
+      for (int64_t j = off[k] + 1; j < off[k + 1]; ++j) ascending &= dst[j] > dst[j - 1];
+      if (ascending) continue;
+      if (stamp.empty()) stamp.assign(num_dst, 0);
+      for (int64_t j = off[k]; j < off[k + 1]; ++j) {
+        if (stamp[dst[j]] == static_cast<int32_t>(k + 1)) {
+          int64_t seen = first.load();
+          while (k < seen && !first.compare_exchange_weak(seen, k)) {
+          }
+          break;
+        }
+        stamp[dst[j]] = static_cast<int32_t>(k + 1);
+      }
+    }
+  });
+  return first.load();
+}
+
 }  // namespace
 
 void check_feats(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 2, name, " must be 2-D [N, C], got ", t.sizes());
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU for this kernel");
+  check_rows(t.size(0), name);
   const auto st = t.scalar_type();
   TORCH_CHECK(st == at::kFloat || st == at::kDouble || st == at::kBFloat16, name,
               ": the CPU kernels support float32, float64 and bfloat16, got ", st);
@@ -70,6 +100,8 @@ void check_pairs(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at:
     TORCH_CHECK(t->device().is_cpu() && t->is_contiguous(),
                 "pair tensors must be contiguous CPU tensors");
   TORCH_CHECK(num_dst >= 0, "num_dst must be >= 0, got ", num_dst);
+  check_rows(num_src, "the source (num_src)");
+  check_rows(num_dst, "the destination (num_dst)");
   const int64_t* off = offsets.data_ptr<int64_t>();
   TORCH_CHECK(off[0] == 0 && off[K] == src_idx.size(0), "offsets must start at 0 and end at the "
               "number of pairs (", src_idx.size(0), "), got ", off[0], " and ", off[K]);
@@ -93,6 +125,10 @@ void check_pairs(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at:
       mismatch |= (src[j] != j - off[k]) | (dst[j] != j - off[k]);
     TORCH_CHECK(!mismatch, "identity[", k, "] is set but offset ", k, " does not map every row j to row j");
   }
+  // Scatters within one offset run in parallel: a destination named twice would be a race.
+  const int64_t k = first_repeated_destination(dst, off, K, num_dst);
+  TORCH_CHECK(k == K, "offset ", k, " pairs some destination row more than once; the pairs of one offset must "
+              "name each destination at most once (as kmap_pairs builds them)");
 }
 
 void check_pairs_sorted_by_dst(const at::Tensor& dst_idx, const at::Tensor& offsets, int64_t K) {
@@ -116,6 +152,8 @@ void check_table(const at::Tensor& table, int64_t num_rows, int64_t K, int64_t n
               table.scalar_type(), " ", table.sizes());
   TORCH_CHECK(num_rows >= 0 && num_rows <= table.size(0), "num rows (", num_rows,
               ") must be in [0, ", table.size(0), "]");
+  check_rows(num_rows, "the map (num rows)");
+  check_rows(num_src, "the map's source (num_src)");
   TORCH_CHECK(all_in_range(table.narrow(0, 0, num_rows), -1, num_src),
               "the map holds a row index outside [-1, ", num_src, ")");
 }

@@ -10,6 +10,13 @@
 // split so that tiles share masks and skip more offsets. Consecutive tiles with equal masks run
 // as one segment, so small tiles (little waste) still make GEMMs with many rows. With several
 // splits every split writes its own partial buffer, and the buffers are added in split order.
+//
+// A missing neighbour must contribute nothing, as in the gather dataflows: a zero row times a
+// weight holding Inf or NaN would be NaN. So offsets whose weight is not finite are left out
+// of the tile GEMMs and added row by row over present neighbours only (forward / dgrad), and
+// rows whose output gradient is not finite are left out of the wgrad GEMMs and added per
+// present neighbour. Finite operands (the common case) cost one scan of the weight or of the
+// output gradient.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -18,6 +25,8 @@
 #include "tile_policy.h"
 
 #include <atomic>
+#include <cstring>
+#include <vector>
 
 namespace torchsparse_pp {
 
@@ -54,13 +63,14 @@ struct Plan {
     return (mask(s, t)[j / 64] >> (j % 64)) & 1;
   }
 
-  // Calls fn(k0, k1) for every run [k0, k1) of consecutive offsets set in the tile's mask.
+  // Calls fn(k0, k1) for every run [k0, k1) of consecutive offsets set in the tile's mask,
+  // leaving out the offsets flagged in `skip` (null: none).
   template <typename Fn>
-  void for_each_run(int64_t s, int64_t t, Fn&& fn) const {
+  void for_each_run(int64_t s, int64_t t, const char* skip, Fn&& fn) const {
     const int64_t b0 = bounds[s], b1 = bounds[s + 1];
     int64_t start = -1;
     for (int64_t k = b0; k <= b1; ++k) {
-      const bool set = k < b1 && tile_has(s, t, k);
+      const bool set = k < b1 && tile_has(s, t, k) && (skip == nullptr || !skip[k]);
       if (set && start < 0) start = k;
       if (!set && start >= 0) {
         fn(start, k);
@@ -69,6 +79,72 @@ struct Plan {
     }
   }
 };
+
+// Whether a value is Inf or NaN, from its bits (all-ones exponent): integer ops that vectorise.
+template <typename T>
+struct FloatBits;
+template <>
+struct FloatBits<float> {
+  using U = uint32_t;
+  static constexpr U kExponent = 0x7f800000u;
+};
+template <>
+struct FloatBits<double> {
+  using U = uint64_t;
+  static constexpr U kExponent = 0x7ff0000000000000ull;
+};
+template <>
+struct FloatBits<at::BFloat16> {
+  using U = uint16_t;
+  static constexpr U kExponent = 0x7f80u;
+};
+
+// Whether any of v[0, n) is Inf or NaN.
+template <typename T>
+bool any_nonfinite(const T* v, int64_t n) {
+  using U = typename FloatBits<T>::U;
+  constexpr U e = FloatBits<T>::kExponent;
+  U bits;
+  bool found = false;
+  for (int64_t j = 0; j < n; ++j) {
+    std::memcpy(&bits, v + j, sizeof(U));
+    found |= (bits & e) == e;
+  }
+  return found;
+}
+
+// Per offset of a contiguous [K, C_in, C_out] weight: whether it holds Inf or NaN. Empty when
+// every weight is finite.
+template <typename T>
+std::vector<char> nonfinite_offsets(const at::Tensor& weight) {
+  const int64_t K = weight.size(0), per = weight.size(1) * weight.size(2);
+  const T* w = weight.data_ptr<T>();
+  std::vector<char> bad(K, 0);
+  bool any = false;
+  for (int64_t k = 0; k < K; ++k) {
+    bad[k] = any_nonfinite(w + k * per, per);
+    any |= bad[k] != 0;
+  }
+  return any ? bad : std::vector<char>();
+}
+
+// Per row of a contiguous [N, C] matrix: whether it holds Inf or NaN. Empty when all are finite.
+template <typename T>
+std::vector<char> nonfinite_rows(const at::Tensor& m) {
+  const int64_t n = m.size(0), c = m.size(1);
+  const T* v = m.data_ptr<T>();
+  std::vector<char> bad(n, 0);
+  std::atomic<bool> any{false};
+  at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
+    bool found = false;
+    for (int64_t i = begin; i < end; ++i) {
+      bad[i] = any_nonfinite(v + i * c, c);
+      found |= bad[i] != 0;
+    }
+    if (found) any = true;
+  });
+  return any.load() ? bad : std::vector<char>();
+}
 
 // Consecutive tiles of one split with equal masks, up to kMaxSegmentRows rows.
 struct Segment {
@@ -177,6 +253,12 @@ at::Tensor forward_impl(Tiles, const at::Tensor& feats, const at::Tensor& weight
   const int32_t* map = table.data_ptr<int32_t>();
   M* o = out.data_ptr<M>();
   const auto segs = segments(plan);
+  // Offsets whose weight holds Inf or NaN: added per present neighbour below, not in the GEMMs.
+  const at::Tensor weight_c = weight.contiguous();
+  const std::vector<char> bad = nonfinite_offsets<T>(weight_c);
+  const char* skip = bad.empty() ? nullptr : bad.data();
+  const T* w_raw = weight_c.data_ptr<T>();
+  const int64_t c_in = weight.size(1), c_out = weight.size(2);
   parallel_items(static_cast<int64_t>(segs.size()), [&](int64_t item) {
     const Segment seg = segs[item];
     const int64_t s = seg.split, p0 = seg.t0 * plan.tile_rows, rows = (seg.t1 - seg.t0) * plan.tile_rows;
@@ -184,7 +266,7 @@ at::Tensor forward_impl(Tiles, const at::Tensor& feats, const at::Tensor& weight
     A* a = scratch<A, 0>(rows * per_block * k_len);
     M* c = scratch<M, 1>(rows * c_dst);
     bool written = false;
-    plan.for_each_run(s, seg.t0, [&](int64_t k0, int64_t k1) {
+    plan.for_each_run(s, seg.t0, skip, [&](int64_t k0, int64_t k1) {
       for (int64_t ka = k0; ka < k1; ka += per_block) {
         const int64_t kb = std::min(k1, ka + per_block), cols = (kb - ka) * k_len;
         for (int64_t k = ka; k < kb; ++k)
@@ -194,6 +276,23 @@ at::Tensor forward_impl(Tiles, const at::Tensor& feats, const at::Tensor& weight
         written = true;
       }
     });
+    for (int64_t k = plan.bounds[s]; skip != nullptr && k < plan.bounds[s + 1]; ++k) {
+      if (!skip[k] || !plan.tile_has(s, seg.t0, k)) continue;
+      if (!written) std::fill(c, c + rows * c_dst, M(0));
+      written = true;
+      const T* wk = w_raw + k * c_in * c_out;
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t p = plan.source(s, p0 + i, map, K, k);
+        if (p < 0) continue;
+        const T* x = f + p * c_src;
+        M* ci = c + i * c_dst;
+        for (int64_t e = 0; e < c_src; ++e) {
+          const M xe = static_cast<M>(x[e]);
+          for (int64_t j = 0; j < c_dst; ++j)  // W[k] is [C_in, C_out]; dgrad reads it transposed
+            ci[j] += xe * static_cast<M>(transpose_weight ? wk[j * c_out + e] : wk[e * c_out + j]);
+        }
+      }
+    }
     M* dst = o + (partial ? s * num_dst * c_dst : 0);
     for (int64_t i = 0; i < rows; ++i) {
       const int64_t r = plan.row(s, p0 + i);
@@ -240,6 +339,11 @@ at::Tensor wgrad_impl(Tiles, const at::Tensor& feats, const at::Tensor& grad, co
   const T* g = grad.data_ptr<T>();
   const int32_t* map = table.data_ptr<int32_t>();
   M* part = partials.data_ptr<M>();
+  // Rows whose output gradient holds Inf or NaN: left out of the GEMMs (where a missing
+  // neighbour's zero row would meet them), added per present neighbour below.
+  const std::vector<char> bad = nonfinite_rows<T>(grad);
+  const char* skip = bad.empty() ? nullptr : bad.data();
+  const auto kept = [&](int64_t r) { return r >= 0 && (skip == nullptr || !skip[r]) ? r : int64_t(-1); };
   parallel_items(items, [&](int64_t item) {
     M* p = part + item * partial_elems;
     for (int64_t it = item * per_item; it < std::min(num_segs, (item + 1) * per_item); ++it) {
@@ -249,12 +353,16 @@ at::Tensor wgrad_impl(Tiles, const at::Tensor& feats, const at::Tensor& grad, co
       const int64_t per_block = offsets_per_block(rows_len, c_src);
       A* a_t = scratch<A, 0>(per_block * c_src * rows_len);
       A* b = scratch<A, 1>(rows_len * c_dst);
-      Tiles::gather_rhs(g, c_dst, rows, [&](int64_t i) { return plan.row(s, p0 + i); }, b);
-      plan.for_each_run(s, seg.t0, [&](int64_t k0, int64_t k1) {
+      Tiles::gather_rhs(g, c_dst, rows, [&](int64_t i) { return kept(plan.row(s, p0 + i)); }, b);
+      plan.for_each_run(s, seg.t0, nullptr, [&](int64_t k0, int64_t k1) {
         for (int64_t ka = k0; ka < k1; ka += per_block) {
           const int64_t kb = std::min(k1, ka + per_block), cols = (kb - ka) * c_src;
           for (int64_t k = ka; k < kb; ++k)
-            Tiles::gather_rows_t(f, c_src, rows, [&](int64_t i) { return plan.source(s, p0 + i, map, K, k); },
+            Tiles::gather_rows_t(f, c_src, rows,
+                                 [&](int64_t i) {
+                                   const int64_t r = kept(plan.row(s, p0 + i));
+                                   return r < 0 ? r : int64_t(map[r * K + k]);
+                                 },
                                  a_t + (k - ka) * c_src * rows_len, rows_len);
           Tiles::gemm_t(kb - ka, c_src, c_dst, rows_len, a_t, rows_len, b, p + ka * c_src * c_dst, c_dst, true);
         }
@@ -270,6 +378,19 @@ at::Tensor wgrad_impl(Tiles, const at::Tensor& feats, const at::Tensor& grad, co
       for (int64_t j = begin; j < end; ++j) dw[j] += q[j];
     }
   });
+  // The left-out rows, in row order (the same on any thread count).
+  for (int64_t r = 0; skip != nullptr && r < grad.size(0); ++r) {
+    if (!skip[r]) continue;
+    const T* gr = g + r * c_dst;
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t src = map[r * K + k];
+      if (src < 0) continue;
+      const T* x = f + src * c_src;
+      M* dk = dw + k * c_src * c_dst;
+      for (int64_t e = 0; e < c_src; ++e)
+        for (int64_t j = 0; j < c_dst; ++j) dk[e * c_dst + j] += static_cast<M>(x[e]) * static_cast<M>(gr[j]);
+    }
+  }
   dweight = dweight.view({K, c_src, c_dst});
   return dweight.scalar_type() == feats.scalar_type() ? dweight : dweight.to(feats.scalar_type());
 }

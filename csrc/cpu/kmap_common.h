@@ -5,12 +5,32 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "../common/kernel_geometry.h"
 
 namespace torchsparse_pp {
+
+// Rows (coordinates, features, map rows) are indexed with int32 in maps, pairs and plans.
+constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
+
+// Raises unless `n` rows can be indexed with int32; `what` names the tensor or argument.
+inline void check_rows(int64_t n, const char* what) {
+  TORCH_CHECK(n <= kMaxRows, what, " has ", n, " rows; at most 2^31 - 1 = ", kMaxRows,
+              " are supported (rows are indexed with int32)");
+}
+
+// Rows of an int32 [N, 4] coordinate tensor, checked before it is made contiguous (a copy of
+// an expanded view past the limit would allocate first and fail later).
+inline void check_coord_rows(const at::Tensor& coords, const char* name) {
+  if (coords.scalar_type() == at::kInt && coords.dim() == 2 && coords.size(1) == 4) check_rows(coords.size(0), name);
+}
+
+// Per-axis bound of stride, dilation and padding: far beyond the coordinate range (x/y/z span
+// 2^16), and small enough that q*s - pad + t*d stays exact in int64 for any packable q.
+constexpr int64_t kMaxGeometryValue = int64_t(1) << 20;
 
 inline KernelGeometry make_geometry(at::IntArrayRef ks, at::IntArrayRef st, at::IntArrayRef dil,
                              at::IntArrayRef pad) {
@@ -23,6 +43,14 @@ inline KernelGeometry make_geometry(at::IntArrayRef ks, at::IntArrayRef st, at::
     TORCH_CHECK(st[a] >= 1, "stride must be >= 1 per axis, got ", st);
     TORCH_CHECK(dil[a] >= 1, "dilation must be >= 1 per axis, got ", dil);
     TORCH_CHECK(pad[a] >= 0, "padding must be >= 0 per axis, got ", pad);
+  }
+  for (int a = 0; a < 3; ++a) {
+    TORCH_CHECK(st[a] <= kMaxGeometryValue, "stride must be at most 2^20 = ", kMaxGeometryValue,
+                " per axis (coordinates span 2^16), got ", st);
+    TORCH_CHECK(dil[a] <= kMaxGeometryValue, "dilation must be at most 2^20 = ", kMaxGeometryValue,
+                " per axis (coordinates span 2^16), got ", dil);
+    TORCH_CHECK(pad[a] <= kMaxGeometryValue, "padding must be at most 2^20 = ", kMaxGeometryValue,
+                " per axis (coordinates span 2^16), got ", pad);
     g.k[a] = ks[a];
     g.s[a] = st[a];
     g.d[a] = dil[a];
@@ -69,6 +97,8 @@ inline void check_pairs_arguments(const at::Tensor& out_in, int64_t num_in, int6
   TORCH_CHECK(out_in.scalar_type() == at::kInt && out_in.dim() == 2, "out_in must be an int32 [rows, K] map, got ",
               out_in.scalar_type(), " ", out_in.sizes());
   TORCH_CHECK(num_in >= 0 && num_out >= 0, "num_in and num_out must be >= 0, got ", num_in, " and ", num_out);
+  check_rows(num_in, "num_in");
+  check_rows(num_out, "num_out");
   TORCH_CHECK(num_out <= out_in.size(0), "num_out (", num_out, ") exceeds the rows of out_in (", out_in.size(0),
               ")");
 }

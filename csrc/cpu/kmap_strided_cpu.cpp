@@ -183,18 +183,23 @@ std::tuple<at::Tensor, at::Tensor> kmap_downsample_cpu(const at::Tensor& coords_
                                                        c10::string_view mode,
                                                        at::OptionalIntArrayRef out_range,
                                                        int64_t pad_rows_to) {
+  check_coord_rows(coords_in, "coords");
   const auto coords = checked_coords(coords_in, "coords");
   const auto g = make_geometry(kernel_size, stride, dilation, padding);
   const bool minkowski = checked_minkowski_mode(mode, out_range);
   int64_t range_buf[3];
   const int64_t* range = checked_range(out_range, range_buf);
   const int64_t K = g.volume();
+  // Every input must be packable and unique, also those whose outputs are clipped or in range
+  // only because of the division.
+  sort_coords_checked(coords);
 
   // spconv: the outputs are exactly what the inputs reach; minkowski: floor(p / s), joined with
   // what the inputs reach.
   const auto reached = collect(coords, Rules(g, Relation::kReadBy, range), K, !minkowski);
   const auto out_keys = minkowski ? unique_keys(collect(coords, Rules(g, Relation::kFloor, nullptr), K, true).keys)
                                   : unique_keys(reached.keys);
+  check_rows(static_cast<int64_t>(out_keys.size()), "the new coordinate set");
   auto out_coords = coords_of(out_keys, coords.options());
   auto out_in = at::full({padded_rows(out_coords.size(0), pad_rows_to), K}, -1, coords.options());
   int32_t* m = out_in.data_ptr<int32_t>();
@@ -218,6 +223,7 @@ std::tuple<at::Tensor, at::Tensor> kmap_generative_cpu(const at::Tensor& coords_
                                                        at::IntArrayRef padding,
                                                        at::OptionalIntArrayRef out_range,
                                                        int64_t pad_rows_to) {
+  check_coord_rows(coords_in, "coords");
   const auto coords = checked_coords(coords_in, "coords");
   const auto g = make_geometry(kernel_size, stride, dilation, padding);
   int64_t range_buf[3];
@@ -226,6 +232,7 @@ std::tuple<at::Tensor, at::Tensor> kmap_generative_cpu(const at::Tensor& coords_
   sort_coords_checked(coords);  // duplicates in the coarse set would double their fine sites
   const auto written = collect(coords, Rules(g, Relation::kWrites, range), K, true);
   const auto fine_keys = unique_keys(written.keys);
+  check_rows(static_cast<int64_t>(fine_keys.size()), "the new coordinate set");
   auto fine_coords = coords_of(fine_keys, coords.options());
   // Rows are the coarse inputs of the transposed conv; entries index the fine set it writes.
   auto out_in = at::full({padded_rows(coords.size(0), pad_rows_to), K}, -1, coords.options());

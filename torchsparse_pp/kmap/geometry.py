@@ -6,8 +6,15 @@ IntOr3 = Union[int, Sequence[int]]
 Triple = Tuple[int, int, int]
 
 
-def triple(value: IntOr3, name: str, minimum: int) -> Triple:
-    """Normalises an int or a 3-sequence of ints (x, y, z) and checks the lower bound."""
+# The kernel-map ops' limits (csrc/common/kernel_geometry.h, csrc/cpu/kmap_common.h): kernel
+# sizes up to 32 per axis; stride, dilation and padding up to 2^20, far beyond the coordinate
+# range (x/y/z span 2^16) and small enough that q*s - pad + t*d is exact in int64.
+MAX_KERNEL_AXIS = 32
+MAX_GEOMETRY_VALUE = 1 << 20
+
+
+def triple(value: IntOr3, name: str, minimum: int, maximum: Optional[int] = None) -> Triple:
+    """Normalises an int or a 3-sequence of ints (x, y, z) and checks the bounds."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int or 3 ints, got {value!r}")
     if isinstance(value, int):
@@ -21,6 +28,9 @@ def triple(value: IntOr3, name: str, minimum: int) -> Triple:
             raise ValueError(f"{name} must be an int or 3 ints (x, y, z), got {value!r}")
     if any(v < minimum for v in out):
         raise ValueError(f"{name} must be >= {minimum} on every axis, got {value!r}")
+    if maximum is not None and any(v > maximum for v in out):
+        limit = "2^20 = 1048576" if maximum == MAX_GEOMETRY_VALUE else str(maximum)
+        raise ValueError(f"{name} must be <= {limit} on every axis, got {value!r}")
     return out  # type: ignore[return-value]
 
 
@@ -39,10 +49,17 @@ class ConvGeometry:
     @staticmethod
     def make(kernel_size: IntOr3, stride: IntOr3 = 1, dilation: IntOr3 = 1,
              padding: Optional[IntOr3] = None) -> "ConvGeometry":
-        ks = triple(kernel_size, "kernel_size", 1)
-        dil = triple(dilation, "dilation", 1)
-        pad = default_padding(ks, dil) if padding is None else triple(padding, "padding", 0)
-        return ConvGeometry(ks, triple(stride, "stride", 1), dil, pad)
+        ks = triple(kernel_size, "kernel_size", 1, MAX_KERNEL_AXIS)
+        dil = triple(dilation, "dilation", 1, MAX_GEOMETRY_VALUE)
+        st = triple(stride, "stride", 1, MAX_GEOMETRY_VALUE)
+        if padding is None:
+            pad = default_padding(ks, dil)
+            if max(pad) > MAX_GEOMETRY_VALUE:
+                raise ValueError(f"padding must be <= 2^20 = 1048576 on every axis; the centred default "
+                                 f"dilation * (kernel_size - 1) / 2 is {pad}: pass padding explicitly")
+        else:
+            pad = triple(padding, "padding", 0, MAX_GEOMETRY_VALUE)
+        return ConvGeometry(ks, st, dil, pad)
 
     @property
     def volume(self) -> int:

@@ -7,9 +7,9 @@ searchsorted, nonzero and scatter, so it needs no kernels of its own. Per-row wo
 vectorised; Python loops run over kernel offsets, mask words or splits only. Host syncs are the
 sizes of nonzero / unique results and one flag per check.
 
-Errors are ``RuntimeError`` with the compiled ops' messages, except strided / generative
-geometry values that int64 arithmetic could overflow (stride, dilation or padding above
-2^31 - 1): ``ValueError`` (the compiled ops wrap around silently there).
+Errors are ``RuntimeError`` with the compiled ops' messages, raised in the same order (so for
+the same first problem), before anything large is allocated: row counts past 2^31 - 1, stride,
+dilation or padding past 2^20, inputs outside the packable range or repeated.
 """
 import operator
 from typing import List, Optional, Sequence, Tuple
@@ -25,8 +25,8 @@ SPATIAL_MIN = -(1 << 15)
 SPATIAL_MAX = (1 << 15) - 1
 MAX_KERNEL_AXIS = 32  # csrc/common/kernel_geometry.h
 INT32_MAX = (1 << 31) - 1
-# Beyond this, q*s - pad + t*d could overflow int64 (|p| < 2^31, t < 32).
-GEOMETRY_VALUE_MAX = (1 << 31) - 1
+# Per-axis bound of stride, dilation and padding (kmap_common.h kMaxGeometryValue).
+GEOMETRY_VALUE_MAX = 1 << 20
 # Elements per temporary [rows, offsets] block of the submanifold search (bounds memory).
 SEARCH_BLOCK = 1 << 24
 
@@ -48,7 +48,7 @@ def _ints(values: Sequence[int]) -> List[int]:
 class _Geometry:
     """Per-axis kernel size, stride, dilation and padding, checked like make_geometry."""
 
-    def __init__(self, kernel_size, stride, dilation, padding, bounded: bool = True):
+    def __init__(self, kernel_size, stride, dilation, padding):
         ks, st, dil, pad = _ints(kernel_size), _ints(stride), _ints(dilation), _ints(padding)
         _check(len(ks) == 3 and len(st) == 3 and len(dil) == 3 and len(pad) == 3,
                "kernel_size, stride, dilation and padding must have 3 entries (x, y, z)")
@@ -57,10 +57,10 @@ class _Geometry:
             _check(st[a] >= 1, f"stride must be >= 1 per axis, got {st}")
             _check(dil[a] >= 1, f"dilation must be >= 1 per axis, got {dil}")
             _check(pad[a] >= 0, f"padding must be >= 0 per axis, got {pad}")
-        for name, values in (("stride", st), ("dilation", dil), ("padding", pad)):
-            if bounded and max(values) > GEOMETRY_VALUE_MAX:
-                raise ValueError(f"{name} {values}: the torch kernel-map backend supports stride, dilation and "
-                                 f"padding up to 2^31 - 1 per axis (its int64 coordinates would overflow)")
+        for a in range(3):
+            for name, values in (("stride", st), ("dilation", dil), ("padding", pad)):
+                _check(values[a] <= GEOMETRY_VALUE_MAX, f"{name} must be at most 2^20 = {GEOMETRY_VALUE_MAX} per "
+                       f"axis (coordinates span 2^16), got {values}")
         self.k, self.s, self.d, self.pad = ks, st, dil, pad
         self.volume = ks[0] * ks[1] * ks[2]
 
@@ -73,6 +73,18 @@ _ATEN_NAMES = {torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", to
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return _ATEN_NAMES.get(dtype, str(dtype))
+
+
+def _check_rows(n: int, what: str) -> None:
+    """kmap_common.h check_rows: rows are indexed with int32."""
+    _check(n <= INT32_MAX, f"{what} has {n} rows; at most 2^31 - 1 = {INT32_MAX} are supported "
+           "(rows are indexed with int32)")
+
+
+def _check_coord_rows(coords: torch.Tensor, name: str) -> None:
+    """kmap_common.h check_coord_rows: the rows of an int32 [N, 4] tensor, before any copy."""
+    if coords.dtype == torch.int32 and coords.dim() == 2 and coords.shape[1] == 4:
+        _check_rows(coords.shape[0], name)
 
 
 def _checked_coords(coords: torch.Tensor, name: str) -> torch.Tensor:
@@ -110,6 +122,8 @@ def _check_table(table: torch.Tensor, num_rows: int, K: int, num_src: int) -> No
            f"the map must be a contiguous int32 [rows, K = {K}] tensor, got {_dtype_name(table.dtype)} "
            f"{list(table.shape)}")
     _check(0 <= num_rows <= table.shape[0], f"num rows ({num_rows}) must be in [0, {table.shape[0]}]")
+    _check_rows(num_rows, "the map (num rows)")
+    _check_rows(num_src, "the map's source (num_src)")
     if num_rows > 0:
         head = table[:num_rows]
         # One host sync for both bounds.
@@ -233,7 +247,7 @@ def _candidates(coords: torch.Tensor, g: _Geometry, relation: str, out_range: Op
 
 
 def _check_out_rows(m: int) -> None:
-    _check(m <= INT32_MAX, f"the new coordinate set would have {m} rows; at most 2^31-1 are supported")
+    _check_rows(m, "the new coordinate set")
 
 
 # --- builders --------------------------------------------------------------------------------------
@@ -242,7 +256,7 @@ def kmap_submanifold(coords: torch.Tensor, kernel_size: Sequence[int], dilation:
     """Submanifold map ``out_in`` (outputs = ``coords``, stride 1), rows padded with -1 to
     ``pad_rows_to``. Raises for duplicate coordinates."""
     coords = _checked_coords(coords, "coords")
-    g = _Geometry(kernel_size, (1, 1, 1), dilation, padding, bounded=False)  # moves are clipped below
+    g = _Geometry(kernel_size, (1, 1, 1), dilation, padding)
     n, K = coords.shape[0], g.volume
     keys, rows = _sorted_unique_keys(coords)
     out_in = torch.full((_padded_rows(n, pad_rows_to), K), -1, dtype=torch.int32, device=coords.device)
@@ -295,12 +309,16 @@ def kmap_downsample(coords: torch.Tensor, kernel_size: Sequence[int], stride: Se
                     dilation: Sequence[int], padding: Sequence[int], mode: str,
                     out_range: Optional[Sequence[int]], pad_rows_to: int) -> Tensors2:
     """Strided conv map ``(out_coords, out_in)``; output set 'spconv' (clipped to ``[0,
-    out_range)`` when given) or 'minkowski', sorted by packed key."""
+    out_range)`` when given) or 'minkowski', sorted by packed key. Every input must be
+    packable and unique (also those whose outputs are clipped, or in range only after the
+    division)."""
+    _check_coord_rows(coords, "coords")
     coords = _checked_coords(coords, "coords")
     g = _Geometry(kernel_size, stride, dilation, padding)
     minkowski = _checked_minkowski_mode(mode, out_range)
     clip = _checked_range(out_range)
     K = g.volume
+    _sorted_unique_keys(coords)
     keys, rows, offsets = _candidates(coords, g, _READ_BY, clip, strict=not minkowski)
     if minkowski:
         floor_keys = _candidates(coords, g, _FLOOR, None, strict=True)[0]
@@ -342,6 +360,7 @@ def kmap_generative(coords: torch.Tensor, kernel_size: Sequence[int], stride: Se
                     pad_rows_to: int) -> Tensors2:
     """Generative transposed conv map ``(fine_coords, out_in)``: ``out_in`` has one row per
     coarse input and holds rows of the sorted fine set."""
+    _check_coord_rows(coords, "coords")
     coords = _checked_coords(coords, "coords")
     g = _Geometry(kernel_size, stride, dilation, padding)
     clip = _checked_range(out_range)
@@ -363,6 +382,8 @@ def kmap_pairs(out_in: torch.Tensor, num_in: int, num_out: int
     _check(out_in.dtype == torch.int32 and out_in.dim() == 2,
            f"out_in must be an int32 [rows, K] map, got {_dtype_name(out_in.dtype)} {list(out_in.shape)}")
     _check(num_in >= 0 and num_out >= 0, f"num_in and num_out must be >= 0, got {num_in} and {num_out}")
+    _check_rows(num_in, "num_in")
+    _check_rows(num_out, "num_out")
     _check(num_out <= out_in.shape[0], f"num_out ({num_out}) exceeds the rows of out_in ({out_in.shape[0]})")
     K, device = out_in.shape[1], out_in.device
     head = out_in[:num_out]
