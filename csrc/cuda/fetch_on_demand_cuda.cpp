@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "../cpu/kmap_common.h"
 #include "fetch_on_demand/params.h"
 #include "tiled_host.h"
 
@@ -67,6 +68,8 @@ at::Tensor fetch_on_demand_forward_cuda(const at::Tensor& feats_in, const at::Te
   tiled::check_architecture(device, "fetch-on-demand");
   check_operand(feats_in, "feats", device, "feats are");
   TORCH_CHECK(num_dst >= 0, "num_dst must be >= 0, got ", num_dst);
+  check_rows(feats_in.size(0), "feats");
+  check_rows(num_dst, "the destination (num_dst)");
   const auto weight = tiled::oriented_weight(weight_in, feats_in, transpose_weight, "feats are");
   const auto feats = feats_in.contiguous();
   const int64_t K = weight.size(0), c_in = weight.size(1), c_out = weight.size(2);
@@ -111,6 +114,8 @@ at::Tensor fetch_on_demand_wgrad_cuda(const at::Tensor& feats_in, const at::Tens
   tiled::check_architecture(device, "fetch-on-demand");
   check_operand(feats_in, "feats", device, "feats are");
   check_operand(grad_in, "grad_out", device, "feats are");
+  check_rows(feats_in.size(0), "feats");
+  check_rows(grad_in.size(0), "grad_out");
   TORCH_CHECK(feats_in.scalar_type() == grad_in.scalar_type(), "feats dtype ", feats_in.scalar_type(),
               " does not match grad_out dtype ", grad_in.scalar_type());
   TORCH_CHECK(identity.dim() == 1, "identity must be a bool vector of length K, got shape ", identity.sizes());

@@ -31,6 +31,7 @@
 
 #include "../common/offset_groups.h"
 #include "../cpu/checks_cpu.h"
+#include "../cpu/kmap_common.h"
 #include "gather_scatter.h"
 
 namespace torchsparse_pp {
@@ -42,6 +43,7 @@ namespace kernels = gather_scatter_kernels;
 void check_feats_cuda(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 2, name, " must be 2-D [N, C], got ", t.sizes());
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor for this kernel, got one on ", t.device());
+  check_rows(t.size(0), name);
   const auto st = t.scalar_type();
   TORCH_CHECK(st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16, name,
               ": the CUDA kernels support float32, float64, float16 and bfloat16, got ", st);
@@ -79,6 +81,8 @@ HostPairs host_pairs(const at::Tensor& src_idx, const at::Tensor& dst_idx, const
                 "offsets and identity must be on the feats' device (", device, ") or host copies on the CPU, "
                 "got one on ", t->device());
   TORCH_CHECK(num_dst >= 0, "num_dst must be >= 0, got ", num_dst);
+  check_rows(num_src, "the source (num_src)");
+  check_rows(num_dst, "the destination (num_dst)");
 
   const at::Tensor host = at::cat({offsets.cpu(), identity.cpu().to(at::kLong)});
   const int64_t* off = host.data_ptr<int64_t>();

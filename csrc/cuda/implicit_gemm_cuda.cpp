@@ -14,6 +14,7 @@
 #include <limits>
 #include <vector>
 
+#include "../cpu/kmap_common.h"
 #include "implicit_gemm/params.h"
 #include "tiled_host.h"
 
@@ -85,6 +86,8 @@ at::Tensor implicit_gemm_forward_cuda(const at::Tensor& feats_in, const at::Tens
   const c10::cuda::CUDAGuard guard(table.device());
   tiled::check_architecture(table.device(), "implicit GEMM");
   check_operand(feats_in, "feats", table.device(), "the map is");
+  check_rows(feats_in.size(0), "feats");
+  check_rows(num_dst, "the destination (num_dst)");
   const auto weight = tiled::oriented_weight(weight_in, feats_in, transpose_weight, "the map is");
   const auto feats = feats_in.contiguous();
   const int64_t K = weight.size(0), c_in = weight.size(1), c_out = weight.size(2);
@@ -126,6 +129,8 @@ at::Tensor implicit_gemm_wgrad_cuda(const at::Tensor& feats_in, const at::Tensor
   tiled::check_architecture(table.device(), "implicit GEMM");
   check_operand(feats_in, "feats", table.device(), "the map is");
   check_operand(grad_in, "grad_out", table.device(), "the map is");
+  check_rows(feats_in.size(0), "feats");
+  check_rows(grad_in.size(0), "grad_out");
   TORCH_CHECK(feats_in.scalar_type() == grad_in.scalar_type(), "feats dtype ", feats_in.scalar_type(),
               " does not match grad_out dtype ", grad_in.scalar_type());
   TORCH_CHECK(table.dim() == 2, "the map must be [rows, K], got ", table.sizes());

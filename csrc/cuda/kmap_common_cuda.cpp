@@ -8,6 +8,7 @@
 #include <string>
 
 #include "../cpu/hash_cpu.h"
+#include "../cpu/kmap_common.h"
 #include "hash.h"
 
 namespace torchsparse_pp {
@@ -126,6 +127,8 @@ void check_table_cuda(const at::Tensor& table, int64_t num_rows, int64_t K, int6
               table.scalar_type(), " ", table.sizes(), " on ", table.device());
   TORCH_CHECK(num_rows >= 0 && num_rows <= table.size(0), "num rows (", num_rows,
               ") must be in [0, ", table.size(0), "]");
+  check_rows(num_rows, "the map (num rows)");
+  check_rows(num_src, "the map's source (num_src)");
   const auto used = table.narrow(0, 0, num_rows);
   if (used.numel() == 0) return;
   const auto [lo, hi] = at::aminmax(used);

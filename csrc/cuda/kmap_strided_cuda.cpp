@@ -60,8 +60,7 @@ at::Tensor reached_set(const at::Tensor& coords, const kernels::ReachRule& rule,
   if (total == 0) return keys;
   const auto sorted = std::get<0>(at::sort(keys));
   auto unique = std::get<0>(at::unique_consecutive(sorted));
-  TORCH_CHECK(unique.size(0) <= std::numeric_limits<int32_t>::max(),
-              "the new coordinate set would have ", unique.size(0), " rows; at most 2^31-1 are supported");
+  check_rows(unique.size(0), "the new coordinate set");
   return unique;
 }
 
@@ -97,6 +96,7 @@ std::tuple<at::Tensor, at::Tensor> kmap_downsample_cuda(const at::Tensor& coords
                                                         c10::string_view mode,
                                                         at::OptionalIntArrayRef out_range,
                                                         int64_t pad_rows_to) {
+  check_coord_rows(coords_in, "coords");
   const auto coords = checked_coords_cuda(coords_in, "coords");
   const auto g = make_geometry(kernel_size, stride, dilation, padding);
   const bool minkowski = checked_minkowski_mode(mode, out_range);
@@ -105,6 +105,9 @@ std::tuple<at::Tensor, at::Tensor> kmap_downsample_cuda(const at::Tensor& coords
   const int64_t K = g.volume();
   const c10::cuda::CUDAGuard guard(coords.device());
   const auto stream = c10::cuda::getCurrentCUDAStream();
+  // Every input must be packable and unique, also those whose outputs are clipped or in range
+  // only because of the division (as on the CPU).
+  check_unique_keys_cuda(pack_coords_cuda(coords, "coords"), coords);
 
   // spconv: the outputs are exactly what the inputs reach; minkowski: floor(p / s). Either way
   // the map joins what the inputs reach with that set.
@@ -130,13 +133,13 @@ std::tuple<at::Tensor, at::Tensor> kmap_generative_cuda(const at::Tensor& coords
                                                         at::IntArrayRef padding,
                                                         at::OptionalIntArrayRef out_range,
                                                         int64_t pad_rows_to) {
+  check_coord_rows(coords_in, "coords");
   const auto coords = checked_coords_cuda(coords_in, "coords");
   const auto g = make_geometry(kernel_size, stride, dilation, padding);
   int64_t range_buf[3];
   const int64_t* range = checked_range(out_range, range_buf);
   const int64_t K = g.volume();
   const int64_t n = coords.size(0);
-  TORCH_CHECK(n <= std::numeric_limits<int32_t>::max(), "at most 2^31-1 coordinates are supported, got ", n);
   const c10::cuda::CUDAGuard guard(coords.device());
   const auto stream = c10::cuda::getCurrentCUDAStream();
   // Duplicates in the coarse set would double their fine sites.
