@@ -4,6 +4,8 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(torchsparse_pp, m) {
+  // Row counts that follow a data-dependent coordinate set are SymInt, so that torch.compile /
+  // torch.export can pass the unbacked sizes of traced maps (the kernels take int64_t).
   // Exact hash table of packed (batch, x, y, z) coordinates: a [capacity, 2] int64 tensor of
   // (key, row) slots.
   m.def("hash_build(Tensor coords) -> Tensor table");
@@ -27,20 +29,20 @@ TORCH_LIBRARY(torchsparse_pp, m) {
       "kmap_generative(Tensor coords, int[] kernel_size, int[] stride, int[] dilation, "
       "int[] padding, int[]? out_range, int pad_rows_to) -> (Tensor fine_coords, Tensor out_in)");
   m.def(
-      "kmap_pairs(Tensor out_in, int num_in, int num_out) -> (Tensor in_idx, Tensor out_idx, "
+      "kmap_pairs(Tensor out_in, SymInt num_in, SymInt num_out) -> (Tensor in_idx, Tensor out_idx, "
       "Tensor offsets, Tensor identity)");
 
   // Output-stationary helpers: the transposed table and execution plans (splits, sorted row
   // orders, per-tile offset bitmasks).
-  m.def("kmap_transpose(Tensor out_in, int num_out, int num_in, int pad_rows_to) -> Tensor");
+  m.def("kmap_transpose(Tensor out_in, SymInt num_out, SymInt num_in, int pad_rows_to) -> Tensor");
   m.def(
-      "kmap_plan(Tensor table, int num_rows, int split_mask_num, int tile_rows, int sort_window=0) -> "
+      "kmap_plan(Tensor table, SymInt num_rows, int split_mask_num, int tile_rows, int sort_window=0) -> "
       "(Tensor bounds, Tensor order, Tensor tile_masks)");
 
   // Dataflows. Forward ops with transpose_weight=True compute the input gradient (dgrad).
   m.def(
       "gather_scatter_forward(Tensor feats, Tensor weight, Tensor src_idx, Tensor dst_idx, "
-      "Tensor offsets, Tensor identity, int num_dst, bool transpose_weight, float epsilon=0., "
+      "Tensor offsets, Tensor identity, SymInt num_dst, bool transpose_weight, float epsilon=0., "
       "int mm_thresh=0, bool deterministic=False) -> Tensor");
   m.def(
       "gather_scatter_wgrad(Tensor feats, Tensor grad_out, Tensor src_idx, Tensor dst_idx, "
@@ -49,13 +51,13 @@ TORCH_LIBRARY(torchsparse_pp, m) {
   // cores); the CPU kernels are deterministic and exact whatever they say.
   m.def(
       "fetch_on_demand_forward(Tensor feats, Tensor weight, Tensor src_idx, Tensor dst_idx, "
-      "Tensor offsets, Tensor identity, int num_dst, bool transpose_weight, bool deterministic=False, "
+      "Tensor offsets, Tensor identity, SymInt num_dst, bool transpose_weight, bool deterministic=False, "
       "bool allow_tf32=False) -> Tensor");
   m.def(
       "fetch_on_demand_wgrad(Tensor feats, Tensor grad_out, Tensor src_idx, Tensor dst_idx, "
       "Tensor offsets, Tensor identity, bool allow_tf32=False) -> Tensor");
   m.def(
-      "implicit_gemm_forward(Tensor feats, Tensor weight, Tensor table, int num_dst, "
+      "implicit_gemm_forward(Tensor feats, Tensor weight, Tensor table, SymInt num_dst, "
       "bool transpose_weight, Tensor bounds, Tensor order, Tensor tile_masks, int tile_rows, "
       "bool allow_tf32=False) -> Tensor");
   m.def(
@@ -66,7 +68,7 @@ TORCH_LIBRARY(torchsparse_pp, m) {
   // block of output rows while it is in cache.
   m.def(
       "fetch_on_demand_forward_fused(Tensor feats, Tensor weight, Tensor src_idx, Tensor dst_idx, "
-      "Tensor offsets, Tensor identity, int num_dst, Tensor? bias, Tensor? residual, bool relu) -> Tensor");
+      "Tensor offsets, Tensor identity, SymInt num_dst, Tensor? bias, Tensor? residual, bool relu) -> Tensor");
   // Whether this CPU runs the bfloat16 dot-product tile kernels (AVX512-BF16).
   m.def("cpu_bf16_dot() -> bool");
 

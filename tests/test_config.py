@@ -250,19 +250,18 @@ def small_input(gen, channels=4) -> tsp.SparseTensor:
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Wraps every DATAFLOW_MODULES entry; returns the list of (dataflow, pass, config, deterministic)."""
+    """Wraps every DATAFLOW_MODULES entry's ``run`` (what the sparse_conv op calls for each pass);
+    returns the list of (dataflow, pass, config, deterministic)."""
     log = []
 
-    def wrap(name, module, pass_name):
-        real = getattr(module, pass_name)
-
-        def recorded(a, b, view, config, deterministic):
+    def wrap(name, module):
+        def recorded(pass_name, a, b, tensors, num_src, num_dst, config, deterministic, allow_tf32):
             log.append((name, pass_name, config, deterministic))
-            return real(a, b, view, config, deterministic)
+            return module.run(pass_name, a, b, tensors, num_src, num_dst, config, deterministic, allow_tf32)
         return recorded
 
     for name, module in list(dataflows.DATAFLOW_MODULES.items()):
-        wrapper = types.SimpleNamespace(**{p: wrap(name, module, p) for p in ("forward", "dgrad", "wgrad")})
+        wrapper = types.SimpleNamespace(operands=module.operands, run=wrap(name, module))
         monkeypatch.setitem(dataflows.DATAFLOW_MODULES, name, wrapper)
     return log
 

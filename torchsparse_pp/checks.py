@@ -24,6 +24,17 @@ def check_coords(coords: torch.Tensor, spatial_range: Optional[Triple] = None) -
         raise ValueError("coords are empty: a SparseTensor needs at least one point")
     if coords.device.type == "meta":
         return
+    if torch.compiler.is_compiling():
+        # Traced (torch.compile / export): the range check runs inside the graph, with no host read.
+        low, high = [0] + [SPATIAL_MIN] * 3, [BATCH_MAX] + [SPATIAL_MAX] * 3
+        if spatial_range is not None:
+            low, high = [0] * 4, [BATCH_MAX] + [r - 1 for r in spatial_range]
+        inside = (coords >= torch.tensor(low, dtype=coords.dtype, device=coords.device)) & (
+            coords <= torch.tensor(high, dtype=coords.dtype, device=coords.device))
+        torch._assert_async(inside.all(),
+                            f"coords outside the supported range ({COORD_RANGE_TEXT})"
+                            + ("" if spatial_range is None else f" or spatial_range {tuple(spatial_range)}"))
+        return
     lo = coords.amin(0).tolist()
     hi = coords.amax(0).tolist()
     if lo[0] < 0 or hi[0] > BATCH_MAX or min(lo[1:]) < SPATIAL_MIN or max(hi[1:]) > SPATIAL_MAX:
@@ -48,7 +59,11 @@ def check_feats(feats: torch.Tensor, num_points: Optional[int] = None) -> None:
                          "they must describe the same points")
     if feats.shape[1] == 0:
         raise ValueError("feats have zero channels")
-    if feats.device.type != "meta" and not bool(torch.isfinite(feats).all()):
+    if feats.device.type == "meta":
+        return
+    if torch.compiler.is_compiling():
+        torch._assert_async(torch.isfinite(feats).all(), "feats contain NaN or Inf values")
+    elif not bool(torch.isfinite(feats).all()):
         raise ValueError("feats contain NaN or Inf values")
 
 

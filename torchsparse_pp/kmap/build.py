@@ -16,8 +16,16 @@ from .kernel_map import OUT_IN_ROW_PADDING, KernelMap
 DOWNSAMPLE_MODES = ("spconv", "minkowski")
 
 
+def _now() -> float:
+    """The build clock; 0 while torch.compile / export traces (no clock, no sync in a graph)."""
+    return 0.0 if torch.compiler.is_compiling() else time.perf_counter()
+
+
 def _elapsed(started: float, result: torch.Tensor) -> float:
-    """Seconds since ``started``, once the device has finished building ``result``."""
+    """Seconds since ``started``, once the device has finished building ``result`` (0.0 for a
+    map built in a traced graph: its build is not timed)."""
+    if torch.compiler.is_compiling():
+        return 0.0
     if result.is_cuda:
         torch.cuda.synchronize(result.device)
     return time.perf_counter() - started
@@ -29,13 +37,13 @@ def submanifold_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvG
 
     def build() -> KernelMap:
         backend = kmap_backend_for(coords.device)
-        started = time.perf_counter()
+        started = _now()
         out_in = kmap_ops(backend).kmap_submanifold(coords, geometry.kernel_size, geometry.dilation,
                                                     geometry.padding, OUT_IN_ROW_PADDING)
         return KernelMap(coords, coords, geometry, "submanifold", out_in, spatial_range, spatial_range,
                          _elapsed(started, out_in), backend)
 
-    key = KernelMapKey(cache.token(coords), geometry, "submanifold", spatial_range)
+    key = KernelMapKey.of(cache.token(coords), geometry, "submanifold", spatial_range)
     return cache.kernel_map(key, build)
 
 
@@ -48,7 +56,7 @@ def strided_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGeome
 
     def build() -> KernelMap:
         backend = kmap_backend_for(coords.device)
-        started = time.perf_counter()
+        started = _now()
         clip = None
         if spatial_range is None:
             out_range = None
@@ -64,7 +72,7 @@ def strided_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGeome
         return KernelMap(coords, out_coords, geometry, mode, out_in, spatial_range, out_range,
                          _elapsed(started, out_in), backend)
 
-    key = KernelMapKey(cache.token(coords), geometry, mode, spatial_range)
+    key = KernelMapKey.of(cache.token(coords), geometry, mode, spatial_range)
     return cache.kernel_map(key, build)
 
 
@@ -76,7 +84,7 @@ def generative_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGe
 
     def build() -> KernelMap:
         backend = kmap_backend_for(coords.device)
-        started = time.perf_counter()
+        started = _now()
         fine_range = None if spatial_range is None else geometry.transposed_output_size(spatial_range)
         if fine_range is not None and min(fine_range) < 1:
             raise ValueError(f"spatial_range {spatial_range} gives an empty transposed output {fine_range}")
@@ -84,7 +92,7 @@ def generative_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGe
         return KernelMap(fine, coords, geometry, "generative", out_in, fine_range, spatial_range,
                          _elapsed(started, out_in), backend)
 
-    key = KernelMapKey(cache.token(coords), geometry, "generative", spatial_range)
+    key = KernelMapKey.of(cache.token(coords), geometry, "generative", spatial_range)
     return cache.kernel_map(key, build)
 
 

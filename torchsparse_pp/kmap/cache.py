@@ -4,36 +4,43 @@ A SparseTensor made by the user starts a cache; tensors derived from it (conv ou
 activations) share it by reference, so layers reuse maps with no user-supplied keys. Entries are
 keyed by what defines a map: the identity of the input coordinate set and the geometry and mode.
 """
-from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import torch
 
 from .geometry import ConvGeometry, Triple
-from .kernel_map import KernelMap
+from .kernel_map import GeometryKey, KernelMap
 
 
-@dataclass(frozen=True)
-class KernelMapKey:
+class KernelMapKey(NamedTuple):
+    """What defines a map: the input coordinate set (its token in the cache), the geometry, the
+    mode and the spatial range. Named tuples (no frozen dataclasses), so torch.compile can carry
+    cache entries out of a graph."""
     coords_token: int
-    geometry: ConvGeometry
+    geometry: GeometryKey
     mode: str
     spatial_range: Optional[Triple]
+
+    @staticmethod
+    def of(coords_token: int, geometry: ConvGeometry, mode: str, spatial_range: Optional[Triple]) -> "KernelMapKey":
+        return KernelMapKey(coords_token, GeometryKey.of(geometry), mode, spatial_range)
 
 
 class KernelMapCache:
     def __init__(self) -> None:
-        # id(tensor) -> (token, tensor); holding the tensor keeps its id from being reused.
-        self._coords: Dict[int, Tuple[int, torch.Tensor]] = {}
+        # The coordinate tensors seen, in order: a tensor's token is its index (found by
+        # identity; a network pass has a handful). No id(): torch.compile traces this code and
+        # can carry these lists back to a cache that came in from outside the graph.
+        self._coords: List[torch.Tensor] = []
         self._maps: Dict[KernelMapKey, KernelMap] = {}
 
     def token(self, coords: torch.Tensor) -> int:
         """A small integer naming this coordinate tensor (by identity, not by value)."""
-        entry = self._coords.get(id(coords))
-        if entry is None or entry[1] is not coords:
-            entry = (len(self._coords), coords)
-            self._coords[id(coords)] = entry
-        return entry[0]
+        for token, known in enumerate(self._coords):
+            if known is coords:
+                return token
+        self._coords.append(coords)
+        return len(self._coords) - 1
 
     def kernel_map(self, key: KernelMapKey, build: Callable[[], KernelMap]) -> KernelMap:
         kmap = self._maps.get(key)

@@ -1,6 +1,6 @@
 """A kernel map between an input coordinate set P and an output set Q, with its two views."""
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 import torch
 
@@ -12,7 +12,19 @@ from .geometry import ConvGeometry, Triple
 OUT_IN_ROW_PADDING = 128
 
 
-@dataclass(frozen=True)
+class GeometryKey(NamedTuple):
+    """A ConvGeometry's fields as a named tuple (what keys and maps keep)."""
+    kernel_size: Triple
+    stride: Triple
+    dilation: Triple
+    padding: Triple
+
+    @staticmethod
+    def of(geometry: ConvGeometry) -> "GeometryKey":
+        return GeometryKey(geometry.kernel_size, geometry.stride, geometry.dilation, geometry.padding)
+
+
+@dataclass
 class PairsView:
     """Weight-stationary view: the (in_idx, out_idx) pairs of offset k are
     ``[offsets[k], offsets[k+1])``, sorted by output or input row; each output and each input
@@ -21,6 +33,9 @@ class PairsView:
     ``host_offsets`` and ``host_identity`` are CPU copies of ``offsets`` and ``identity``, read
     once when the view was built (the same tensors for CPU maps): schedules that loop over the
     offsets on the host (gather_scatter) read them instead of the device, so no call synchronises.
+
+    (A plain dataclass, not a frozen one: torch.compile can rebuild it when a traced graph
+    returns a cache that holds it.)
     """
     in_idx: torch.Tensor
     out_idx: torch.Tensor
@@ -41,8 +56,10 @@ class PairsView:
 
 def validates_views(device: torch.device) -> bool:
     """Whether views of maps on ``device`` are validated when built: on GPUs, whose kernels check
-    nothing per call; the CPU ops check their arguments on every call."""
-    return device.type != "cpu"
+    nothing per call; the CPU ops check their arguments on every call. Not while torch.compile /
+    export traces: validation reads its findings on the host, which a graph must not do
+    (``backends.validate_plans`` still validates in the ops when the graph runs)."""
+    return device.type != "cpu" and not torch.compiler.is_compiling()
 
 
 class KernelMap:
@@ -65,7 +82,8 @@ class KernelMap:
                  out_range: Optional[Triple], build_seconds: float, backend: Optional[str] = None):
         self.in_coords = in_coords
         self.out_coords = out_coords
-        self.geometry = geometry
+        # A named tuple, not the ConvGeometry: torch.compile can carry a map out of a graph.
+        self._geometry = GeometryKey.of(geometry)
         self.mode = mode
         self.out_in = out_in
         self.in_range = in_range
@@ -77,6 +95,10 @@ class KernelMap:
         self._in_out: Optional[torch.Tensor] = None
         self._plans: Dict[Tuple[str, int, int, int], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._validated_tables: Set[str] = set()
+
+    @property
+    def geometry(self) -> ConvGeometry:
+        return ConvGeometry(*self._geometry)
 
     @property
     def _ops(self):

@@ -86,7 +86,9 @@ def _padded(rows, pad_rows_to):
 
 
 def _new_set_fake(coords, kernel_size, pad_rows_to, rows_of_map):
-    new_rows = torch.library.get_ctx().new_dynamic_size()
+    # A new coordinate set is data-dependent: an unbacked size, at least 1 (a SparseTensor has
+    # points; compiled code asserts it when it runs).
+    new_rows = torch.library.get_ctx().new_dynamic_size(min=1)
     volume = kernel_size[0] * kernel_size[1] * kernel_size[2]
     map_rows = new_rows if rows_of_map is None else rows_of_map
     return coords.new_empty(new_rows, 4), coords.new_empty(_padded(map_rows, pad_rows_to), volume)

@@ -168,32 +168,55 @@ DEVICE_DEFAULTS = {
 _default: contextvars.ContextVar = contextvars.ContextVar("torchsparse_pp_default_config", default=None)
 
 
+class _Traced:
+    """The last default set in this process, for code that torch.compile traces: dynamo cannot
+    read a ContextVar, but it reads this attribute and guards on it (a compiled model recompiles
+    when the default changes). Threads that set different defaults and run one compiled model
+    see the last one set."""
+    default: Optional[PassConfigs] = None
+
+
+def _set(value: Optional[PassConfigs]):
+    _Traced.default = value
+    return _default.set(value)
+
+
 def set_default_config(config: Optional[ConfigLike]) -> None:
     """Sets the configs used by convs that have none of their own (None restores the per-device
     defaults, DEVICE_DEFAULTS)."""
-    _default.set(None if config is None else PassConfigs.of(config))
+    _set(None if config is None else PassConfigs.of(config))
 
 
 def get_default_config(device_type: str = "cpu") -> PassConfigs:
     """The configs a conv without its own runs on ``device_type``: the global default if one is
     set, else the device's default."""
-    return _default.get() or DEVICE_DEFAULTS.get(device_type, PassConfigs.of(ConvConfig()))
+    current = _Traced.default if torch.compiler.is_compiling() else _default.get()
+    return current or DEVICE_DEFAULTS.get(device_type, PassConfigs.of(ConvConfig()))
 
 
 @contextlib.contextmanager
 def default_config(config: ConfigLike):
     """Context manager form of set_default_config."""
-    token = _default.set(PassConfigs.of(config))
+    outer = _default.get()
+    token = _set(PassConfigs.of(config))
     try:
         yield
     finally:
         _default.reset(token)
+        _Traced.default = outer
 
 
-@functools.lru_cache(maxsize=1024)
-def _with_backend(config: ConvConfig, backend: str) -> ConvConfig:
-    """``config`` with its backend filled in (memoised: resolution runs on every conv call)."""
+def _fill_backend(config: ConvConfig, backend: str) -> ConvConfig:
     return config if config.backend == backend else replace(config, backend=backend)
+
+
+_filled_backend = functools.lru_cache(maxsize=1024)(_fill_backend)
+
+
+def _with_backend(config: ConvConfig, backend: str) -> ConvConfig:
+    """``config`` with its backend filled in (memoised outside tracing: resolution runs on every
+    conv call)."""
+    return _fill_backend(config, backend) if torch.compiler.is_compiling() else _filled_backend(config, backend)
 
 
 def available_dataflows(device_type: str, backend: str):
@@ -216,7 +239,8 @@ def resolve_configs(config: Optional[ConfigLike], device_type: str) -> PassConfi
                 f"dataflow {cfg.dataflow!r} ({name} pass) is not implemented on {device_type} with the {backend} "
                 f"backend" + (f"; available there: {', '.join(available)}" if available
                               else f"; torchsparse_pp has no {backend} {device_type} kernels in this build"))
-        if backend == "triton":
+        if backend == "triton" and not torch.compiler.is_compiling():
+            # (Traced: the Triton custom ops check this when they run.)
             triton_runtime.require(torch.device(device_type))
         resolved.append(_with_backend(cfg, backend))
     return PassConfigs(*resolved)

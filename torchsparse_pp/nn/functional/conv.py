@@ -13,7 +13,7 @@ from ...kmap import (ConvGeometry, KernelMap, generative_map, strided_map, subma
 from ...kmap.geometry import IntOr3
 from ...tensor import SparseTensor
 from .config import ConfigLike, PassConfigs, resolve_configs
-from .dataflows import OrientedMap, SparseConvFunction
+from .dataflows import OrientedMap, sparse_conv
 from .epilogue import Epilogue, forward_with_epilogue
 
 # Per (device type, backend); the Triton kernels take the same dtypes on every device.
@@ -63,7 +63,7 @@ def _run(configs: PassConfigs, feats, weight, bias, kmap: KernelMap, transposed:
     view = OrientedMap(kmap, transposed)
     if epilogue is not None:
         return forward_with_epilogue(configs, feats, weight, bias, view, epilogue)
-    out = SparseConvFunction.apply(feats, weight, view, configs, backends.deterministic)
+    out = sparse_conv(feats, weight, view, configs, backends.deterministic, backends.allow_tf32)
     return out if bias is None else out + bias
 
 

@@ -15,6 +15,8 @@ def to_dense(input: SparseTensor, spatial_range: Optional[Sequence[int]] = None,
     Coordinates must be non-negative and inside the grid.
     """
     coords = input.C.long()
+    if torch.compiler.is_compiling():
+        return _to_dense_traced(input, coords, spatial_range, batch_size)
     lo = coords[:, 1:].amin(0)
     if bool((lo < 0).any()):
         raise ValueError(f"dense() needs non-negative coordinates, got minimum {lo.tolist()}; "
@@ -28,6 +30,24 @@ def to_dense(input: SparseTensor, spatial_range: Optional[Sequence[int]] = None,
     if hi[0] >= batch:
         raise ValueError(f"batch index {hi[0]} does not fit batch_size {batch}")
     out = input.F.new_zeros(batch, *size, input.num_channels)
+    out = out.index_put((coords[:, 0], coords[:, 1], coords[:, 2], coords[:, 3]), input.F)
+    return out.permute(0, 4, 1, 2, 3).contiguous()
+
+
+def _to_dense_traced(input: SparseTensor, coords: torch.Tensor, spatial_range, batch_size) -> torch.Tensor:
+    """to_dense inside a torch.compile / export graph: the grid size and the batch size must be
+    known (the tensor's or the arguments'), since reading them from the coordinates would be a
+    host sync; the bounds are checked in the graph."""
+    size = spatial_range if spatial_range is not None else input.spatial_range
+    if size is None or batch_size is None:
+        raise ValueError("to_dense in a compiled or exported graph needs the grid and the batch size (a tensor "
+                         "with spatial_range, or spatial_range= and batch_size=): reading them from the "
+                         "coordinates would synchronise the host")
+    size = triple(size, "spatial_range", 1)
+    limit = torch.tensor([int(batch_size), *size], device=coords.device)
+    torch._assert_async(((coords >= 0) & (coords < limit)).all(),
+                        f"to_dense: coordinates outside the grid {tuple(size)} or batch_size {int(batch_size)}")
+    out = input.F.new_zeros(int(batch_size), *size, input.num_channels)
     out = out.index_put((coords[:, 0], coords[:, 1], coords[:, 2], coords[:, 3]), input.F)
     return out.permute(0, 4, 1, 2, 3).contiguous()
 

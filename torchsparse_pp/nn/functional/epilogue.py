@@ -12,7 +12,7 @@ import torch
 
 from ... import backends, ops
 from .config import PassConfigs
-from .dataflows import SparseConvFunction
+from .dataflows import sparse_conv
 
 
 @dataclass(frozen=True)
@@ -68,5 +68,5 @@ def forward_with_epilogue(configs: PassConfigs, feats, weight, bias, view, epilo
             residual = residual.to(feats.dtype).contiguous()
         return ops.fetch_on_demand_forward_fused(feats, weight, src, dst, offsets, identity, view.num_dst, bias,
                                                  residual, epilogue.relu)
-    out = SparseConvFunction.apply(feats, weight, view, configs, backends.deterministic)
+    out = sparse_conv(feats, weight, view, configs, backends.deterministic, backends.allow_tf32)
     return epilogue.apply(out, bias)

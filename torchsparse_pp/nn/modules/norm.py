@@ -23,11 +23,20 @@ def _check_channels(module: nn.Module, input: SparseTensor, channels: int) -> No
                          f"has {input.num_channels}")
 
 
+def _check_traced_points(module: nn.Module, input: SparseTensor) -> None:
+    """Under torch.compile / export the point count after a strided conv is an unbacked size:
+    tell the compiler what batch_norm needs of it (more than one point when training, as eager
+    BatchNorm raises otherwise), checked when the graph runs."""
+    if torch.compiler.is_compiling() and module.training:
+        torch._check(input.num_points > 1, lambda: "batch norm needs more than one point per channel when training")
+
+
 class BatchNorm(FeatureWise, nn.BatchNorm1d):
     """torch.nn.BatchNorm1d over the features of all points in the batch."""
 
     def forward(self, input: SparseTensor) -> SparseTensor:
         _check_channels(self, input, self.num_features)
+        _check_traced_points(self, input)
         return super().forward(input)
 
 

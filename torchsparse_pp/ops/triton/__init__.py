@@ -14,3 +14,8 @@ def load(name: str):
     if name not in KERNEL_MODULES:
         raise ValueError(f"unknown Triton kernel module {name!r}; expected one of {KERNEL_MODULES}")
     return importlib.import_module(f"{__name__}.{name}")
+
+
+# The kernels' entry points as torch.library custom ops (torch.compile / export see one node per
+# launch); defining them imports no triton.
+from . import library  # noqa: E402,F401

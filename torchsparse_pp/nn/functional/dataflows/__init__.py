@@ -1,12 +1,25 @@
-"""The dataflows and the autograd Function that runs each pass with its configured dataflow.
+"""The dataflows and the sparse-conv custom op that runs each pass with its configured dataflow.
 
-Every dataflow module exposes forward(feats, weight, view, config, deterministic),
-dgrad(grad, weight, view, ...) and wgrad(feats, grad, view, ...) over an OrientedMap.
+Every dataflow module exposes ``operands(view, pass_name, config, deterministic)``: the tensors
+of an OrientedMap a pass reads (pair lists, tables, plans; built once and cached on the map),
+and ``run(pass_name, a, b, tensors, num_src, num_dst, config, deterministic, allow_tf32)``: the
+pass computed from those tensors alone. ``forward`` / ``dgrad`` / ``wgrad(a, b, view, config,
+deterministic)`` compose the two (passes.py).
+
+``torchsparse_pp::sparse_conv`` is one torch.library custom op per conv call. It takes the
+features, the weight and the operands of all three passes as tensors (the backward passes'
+operands only when autograd will need them), so autograd, torch.compile and torch.export see a
+pure function of tensors: nothing in the backward touches the kernel-map cache.
 """
+import functools
+from typing import List
+
 import torch
 
+from ..config import ConvConfig, PassConfigs
 from . import fetch_on_demand, gather_scatter, implicit_gemm
 from .oriented import OrientedMap
+from .passes import PASSES
 
 DATAFLOW_MODULES = {
     "gather_scatter": gather_scatter,
@@ -14,30 +27,115 @@ DATAFLOW_MODULES = {
     "implicit_gemm": implicit_gemm,
 }
 
-
-class SparseConvFunction(torch.autograd.Function):
-    """Sparse conv over a kernel map; forward, dgrad and wgrad each run their own config."""
-
-    @staticmethod
-    def forward(ctx, feats, weight, view: OrientedMap, configs, deterministic: bool):
-        ctx.save_for_backward(feats, weight)
-        ctx.view, ctx.configs, ctx.deterministic = view, configs, deterministic
-        flow = DATAFLOW_MODULES[configs.forward.dataflow]
-        return flow.forward(feats, weight, view, configs.forward, deterministic)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        feats, weight = ctx.saved_tensors
-        view, configs, deterministic = ctx.view, ctx.configs, ctx.deterministic
-        grad_out = grad_out.contiguous()
-        grad_feats = grad_weight = None
-        if ctx.needs_input_grad[0]:
-            flow = DATAFLOW_MODULES[configs.dgrad.dataflow]
-            grad_feats = flow.dgrad(grad_out, weight, view, configs.dgrad, deterministic)
-        if ctx.needs_input_grad[1]:
-            flow = DATAFLOW_MODULES[configs.wgrad.dataflow]
-            grad_weight = flow.wgrad(feats, grad_out, view, configs.wgrad, deterministic)
-        return grad_feats, grad_weight, None, None, None
+# A ConvConfig travels through the op as text (custom-op schemas have no dataclasses): its
+# fields in this order, "-" for None.
+_CONFIG_FIELDS = ("dataflow", "backend", "sorted", "split_mask_num", "epsilon", "mm_thresh", "tile")
+_ENCODED: dict = {}
 
 
-__all__ = ["DATAFLOW_MODULES", "OrientedMap", "SparseConvFunction"]
+def _encode(configs: PassConfigs) -> str:
+    def one(cfg: ConvConfig) -> str:
+        return ",".join("-" if getattr(cfg, f) is None else str(getattr(cfg, f)) for f in _CONFIG_FIELDS)
+    return ";".join(one(cfg) for cfg in configs)
+
+
+def encode_configs(configs: PassConfigs) -> str:
+    """The text form of resolved per-pass configs (memoised outside tracing: every conv call
+    encodes)."""
+    if torch.compiler.is_compiling():
+        return _encode(configs)
+    text = _ENCODED.get(configs)
+    if text is None:
+        text = _ENCODED[configs] = _encode(configs)
+    return text
+
+
+@functools.lru_cache(maxsize=1024)
+def decode_configs(text: str) -> PassConfigs:
+    """Inverse of encode_configs."""
+    def value(field, item):
+        if item == "-":
+            return None
+        if field == "sorted":
+            return item == "True"
+        if field in ("split_mask_num", "mm_thresh"):
+            return int(item)
+        return float(item) if field == "epsilon" else item
+    passes = [dict(zip(_CONFIG_FIELDS, part.split(","))) for part in text.split(";")]
+    if len(passes) != 3 or any(len(p) != len(_CONFIG_FIELDS) for p in passes):
+        raise ValueError(f"not a sparse_conv config text: {text!r}")
+    return PassConfigs(*(ConvConfig(**{f: value(f, p[f]) for f in _CONFIG_FIELDS}) for p in passes))
+
+
+def _run_pass(pass_name, a, b, tensors, num_src, num_dst, configs, deterministic, allow_tf32):
+    cfg = getattr(configs, pass_name)
+    return DATAFLOW_MODULES[cfg.dataflow].run(pass_name, a, b, tensors, num_src, num_dst, cfg, deterministic,
+                                             allow_tf32)
+
+
+@torch.library.custom_op("torchsparse_pp::sparse_conv", mutates_args=())
+def sparse_conv_op(feats: torch.Tensor, weight: torch.Tensor, forward_operands: List[torch.Tensor],
+                   dgrad_operands: List[torch.Tensor], wgrad_operands: List[torch.Tensor], num_src: int, num_dst: int,
+                   configs: str, deterministic: bool, allow_tf32: bool) -> torch.Tensor:
+    """``out [num_dst, C_out]`` of a sparse conv with ``weight [K, C_in, C_out]`` over ``feats
+    [num_src, C_in]``: the forward pass of ``configs`` (encode_configs) on ``forward_operands``.
+    ``dgrad_operands`` / ``wgrad_operands`` are what its backward reads (empty when that gradient
+    is not needed)."""
+    return _run_pass("forward", feats, weight, forward_operands, num_src, num_dst, decode_configs(configs),
+                     deterministic, allow_tf32)
+
+
+@sparse_conv_op.register_fake
+def _(feats, weight, forward_operands, dgrad_operands, wgrad_operands, num_src, num_dst, configs, deterministic,
+      allow_tf32):
+    return feats.new_empty(num_dst, weight.shape[2])
+
+
+def _setup_context(ctx, inputs, output):
+    feats, weight, forward_operands, dgrad_operands, wgrad_operands = inputs[:5]
+    num_src, num_dst, configs, deterministic, allow_tf32 = inputs[5:]
+    need_dgrad, need_wgrad = bool(dgrad_operands), bool(wgrad_operands)
+    ctx.save_for_backward(feats if need_wgrad else None, weight if need_dgrad else None, *dgrad_operands,
+                          *wgrad_operands)
+    ctx.split = len(dgrad_operands)
+    ctx.lengths = (len(forward_operands), len(dgrad_operands), len(wgrad_operands))
+    ctx.args = (num_src, num_dst, decode_configs(configs), deterministic, allow_tf32)
+
+
+def _backward(ctx, grad_out):
+    feats, weight, *operands = ctx.saved_tensors
+    dgrad_operands, wgrad_operands = operands[:ctx.split], operands[ctx.split:]
+    grad_out = grad_out.contiguous()
+    grad_feats = grad_weight = None
+    if ctx.needs_input_grad[0]:
+        if not dgrad_operands:
+            raise RuntimeError("sparse_conv: the input gradient was not planned for (the features did not require "
+                               "grad when the conv ran)")
+        grad_feats = _run_pass("dgrad", grad_out, weight, dgrad_operands, *ctx.args)
+    if ctx.needs_input_grad[1]:
+        if not wgrad_operands:
+            raise RuntimeError("sparse_conv: the weight gradient was not planned for (the weight did not require "
+                               "grad when the conv ran)")
+        grad_weight = _run_pass("wgrad", feats, grad_out, wgrad_operands, *ctx.args)
+    # One entry per input: a list of Nones for each operand list (indices have no gradient).
+    return (grad_feats, grad_weight, *([None] * n for n in ctx.lengths), None, None, None, None, None)
+
+
+sparse_conv_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def sparse_conv(feats: torch.Tensor, weight: torch.Tensor, view: OrientedMap, configs: PassConfigs,
+                deterministic: bool, allow_tf32: bool) -> torch.Tensor:
+    """The conv over ``view`` through the custom op, with the operands of the passes autograd
+    will run (the input gradient when ``feats`` requires grad, the weight gradient when
+    ``weight`` does)."""
+    grad = torch.is_grad_enabled()
+    needed = {"forward": True, "dgrad": grad and feats.requires_grad, "wgrad": grad and weight.requires_grad}
+    operands = [DATAFLOW_MODULES[cfg.dataflow].operands(view, p, cfg, deterministic) if needed[p] else []
+                for p, cfg in zip(PASSES, configs)]
+    return sparse_conv_op(feats, weight, *operands, view.num_src, view.num_dst, encode_configs(configs),
+                          deterministic, allow_tf32)
+
+
+__all__ = ["DATAFLOW_MODULES", "OrientedMap", "PASSES", "sparse_conv", "sparse_conv_op", "encode_configs",
+           "decode_configs"]

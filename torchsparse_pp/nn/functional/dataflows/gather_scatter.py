@@ -3,35 +3,35 @@
 Both backends run the GEMMs through torch (MKL / cuBLAS); "triton" does the gathers and
 scatter-adds with Triton kernels (see ops/triton/gather_scatter.py). The loop over offsets runs on
 the host from the per-offset counts the map keeps there (``OrientedMap.host_counts``), so a call
-reads nothing back from the device.
+reads nothing back from the device. Every pass reads the same pairs (dgrad with the roles of
+source and destination swapped).
 """
 from .... import ops
-from ....ops import triton as triton_kernels
+from ....ops.triton import library as triton_ops
+from .passes import view_passes
 
 
-def forward(feats, weight, view, config, deterministic):
+def operands(view, pass_name, config, deterministic):
     src, dst, _, _ = view.pairs()
     offsets, identity = view.host_counts()
+    if pass_name == "dgrad":
+        src, dst = dst, src
+    return [src, dst, offsets, identity]
+
+
+def run(pass_name, a, b, tensors, num_src, num_dst, config, deterministic, allow_tf32):
+    src, dst, offsets, identity = tensors
+    if pass_name == "wgrad":
+        if config.backend == "triton":
+            return triton_ops.gather_scatter_wgrad(a, b, src, dst, offsets, identity)
+        return ops.gather_scatter_wgrad(a, b, src, dst, offsets, identity, deterministic)
+    transpose = pass_name == "dgrad"
+    rows = num_src if transpose else num_dst
     if config.backend == "triton":
-        return triton_kernels.load("gather_scatter").forward(feats, weight, src, dst, offsets, identity, view.num_dst,
-                                                             False, config.epsilon, config.mm_thresh)
-    return ops.gather_scatter_forward(feats, weight, src, dst, offsets, identity, view.num_dst, False,
-                                      config.epsilon, config.mm_thresh, deterministic)
+        return triton_ops.gather_scatter_forward(a, b, src, dst, offsets, identity, rows, transpose, config.epsilon,
+                                                 config.mm_thresh)
+    return ops.gather_scatter_forward(a, b, src, dst, offsets, identity, rows, transpose, config.epsilon,
+                                      config.mm_thresh, deterministic)
 
 
-def dgrad(grad, weight, view, config, deterministic):
-    src, dst, _, _ = view.pairs()
-    offsets, identity = view.host_counts()
-    if config.backend == "triton":
-        return triton_kernels.load("gather_scatter").forward(grad, weight, dst, src, offsets, identity, view.num_src,
-                                                             True, config.epsilon, config.mm_thresh)
-    return ops.gather_scatter_forward(grad, weight, dst, src, offsets, identity, view.num_src, True,
-                                      config.epsilon, config.mm_thresh, deterministic)
-
-
-def wgrad(feats, grad, view, config, deterministic):
-    src, dst, _, _ = view.pairs()
-    offsets, identity = view.host_counts()
-    if config.backend == "triton":
-        return triton_kernels.load("gather_scatter").wgrad(feats, grad, src, dst, offsets, identity)
-    return ops.gather_scatter_wgrad(feats, grad, src, dst, offsets, identity, deterministic)
+forward, dgrad, wgrad = view_passes(operands, run)

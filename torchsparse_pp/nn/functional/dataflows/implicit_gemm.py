@@ -4,8 +4,9 @@ Forward and wgrad walk the destination-row table, dgrad the source-row table wit
 CPU kernels are deterministic by construction; the Triton weight gradient sums row chunks with
 atomics unless deterministic mode asks for one chunk per offset.
 """
-from .... import backends, ops
-from ....ops import triton as triton_kernels
+from .... import ops
+from ....ops.triton import library as triton_ops
+from .passes import view_passes
 
 # CPU: 8-row tiles waste few MACs on absent neighbours, and consecutive tiles with equal masks
 # still run as one GEMM. Sorting works within windows of rows, which keeps the gathers spatially
@@ -24,32 +25,28 @@ def _plan_shape(device, backend):
     return CUDA_TILE_ROWS, CUDA_SORT_WINDOW
 
 
-def _run_plan(view, rows, config, device):
-    tile_rows, sort_window = _plan_shape(device, config.backend)
+def operands(view, pass_name, config, deterministic):
+    """The table of the rows the pass walks and its plan: ``[table, bounds, order, tile_masks]``."""
+    rows = "src" if pass_name == "dgrad" else "dst"
+    tile_rows, sort_window = _plan_shape(view.kmap.out_in.device, config.backend)
     splits = min(config.split_mask_num, view.kmap.geometry.volume)
-    return (*view.kmap.plan(view.side(rows), splits, tile_rows, sort_window), tile_rows)
+    return [view.table(rows), *view.kmap.plan(view.side(rows), splits, tile_rows, sort_window)]
 
 
-def forward(feats, weight, view, config, deterministic):
-    plan = _run_plan(view, "dst", config, feats.device)
+def run(pass_name, a, b, tensors, num_src, num_dst, config, deterministic, allow_tf32):
+    table, bounds, order, tile_masks = tensors
+    tile_rows = _plan_shape(a.device, config.backend)[0]
+    if pass_name == "wgrad":
+        if config.backend == "triton":
+            return triton_ops.implicit_gemm_wgrad(a, b, table, bounds, order, tile_masks, tile_rows, config.tile,
+                                                  allow_tf32, deterministic)
+        return ops.implicit_gemm_wgrad(a, b, table, bounds, order, tile_masks, tile_rows, allow_tf32)
+    transpose = pass_name == "dgrad"
+    rows = num_src if transpose else num_dst
     if config.backend == "triton":
-        return triton_kernels.load("implicit_gemm").forward(feats, weight, view.table("dst"), view.num_dst, False,
-                                                            *plan, config.tile, backends.allow_tf32)
-    return ops.implicit_gemm_forward(feats, weight, view.table("dst"), view.num_dst, False, *plan,
-                                     backends.allow_tf32)
+        return triton_ops.implicit_gemm_forward(a, b, table, rows, transpose, bounds, order, tile_masks, tile_rows,
+                                                config.tile, allow_tf32)
+    return ops.implicit_gemm_forward(a, b, table, rows, transpose, bounds, order, tile_masks, tile_rows, allow_tf32)
 
 
-def dgrad(grad, weight, view, config, deterministic):
-    plan = _run_plan(view, "src", config, grad.device)
-    if config.backend == "triton":
-        return triton_kernels.load("implicit_gemm").forward(grad, weight, view.table("src"), view.num_src, True,
-                                                            *plan, config.tile, backends.allow_tf32)
-    return ops.implicit_gemm_forward(grad, weight, view.table("src"), view.num_src, True, *plan, backends.allow_tf32)
-
-
-def wgrad(feats, grad, view, config, deterministic):
-    plan = _run_plan(view, "dst", config, feats.device)
-    if config.backend == "triton":
-        return triton_kernels.load("implicit_gemm").wgrad(feats, grad, view.table("dst"), *plan, config.tile,
-                                                          backends.allow_tf32, deterministic)
-    return ops.implicit_gemm_wgrad(feats, grad, view.table("dst"), *plan, backends.allow_tf32)
+forward, dgrad, wgrad = view_passes(operands, run)
