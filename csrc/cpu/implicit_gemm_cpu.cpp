@@ -235,6 +235,46 @@ void check_plan_covers_table(const Plan& plan, const at::Tensor& table) {
               "belong to this map (make it with kmap_plan on the same table)");
 }
 
+// One segment of the forward by the register kernels (pair_gemm.h rows_gemm): groups of rows
+// sum every present offset in registers and write their output rows once; absent neighbours read
+// a row of zeros; padding slots of a sorted plan write to a sink row. `zero_empty`: rows of a
+// segment without offsets get zeros (a split's partial buffer starts at zero).
+template <typename T, typename A>
+void register_segment(const Plan& plan, const Segment& seg, const int32_t* map, int64_t K, const T* f, int64_t c_src,
+                      const A* wp, int64_t k_len, int64_t c_dst, float* dst, bool zero_empty) {
+  const int64_t s = seg.split, p0 = seg.t0 * plan.tile_rows, rows = (seg.t1 - seg.t0) * plan.tile_rows;
+  std::vector<int64_t>& present = *scratch_vector<int64_t, 2>();
+  present.clear();
+  plan.for_each_run(s, seg.t0, nullptr, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) present.push_back(k);
+  });
+  const int64_t terms = static_cast<int64_t>(present.size());
+  const T* zeros = scratch_zeros<T>(c_src);
+  float* sink = scratch<float, 3>(c_dst);
+  const T** a = scratch<const T*, 4>(std::max<int64_t>(1, terms) * kRowGroup);
+  const A** w = scratch<const A*, 5>(std::max<int64_t>(1, terms));
+  for (int64_t j = 0; j < terms; ++j) w[j] = wp + present[j] * k_len * c_dst;
+  for (int64_t g0 = 0; g0 < rows; g0 += kRowGroup) {
+    const int64_t group = std::min(kRowGroup, rows - g0);
+    float* out_rows[kRowGroup];
+    for (int64_t m = 0; m < group; ++m) {
+      const int64_t r = plan.row(s, p0 + g0 + m);
+      out_rows[m] = r < 0 ? sink : dst + r * c_dst;
+    }
+    if (terms == 0) {
+      if (zero_empty)
+        for (int64_t m = 0; m < group; ++m) std::fill(out_rows[m], out_rows[m] + c_dst, 0.f);
+      continue;
+    }
+    for (int64_t j = 0; j < terms; ++j)
+      for (int64_t m = 0; m < group; ++m) {
+        const int64_t r = plan.source(s, p0 + g0 + m, map, K, present[j]);
+        a[j * kRowGroup + m] = r < 0 ? zeros : f + r * c_src;
+      }
+    rows_gemm(group, terms, a, c_src, w, c_dst, out_rows, false);
+  }
+}
+
 template <typename T, typename Tiles>
 at::Tensor forward_impl(Tiles, const at::Tensor& feats, const at::Tensor& weight, const at::Tensor& table,
                         int64_t num_dst, bool transpose_weight, const Plan& plan) {
@@ -259,9 +299,20 @@ at::Tensor forward_impl(Tiles, const at::Tensor& feats, const at::Tensor& weight
   const char* skip = bad.empty() ? nullptr : bad.data();
   const T* w_raw = weight_c.data_ptr<T>();
   const int64_t c_in = weight.size(1), c_out = weight.size(2);
+  // The register kernels keep each group's sums across the tile's offsets (every output row
+  // written once, absent neighbours read zeros); weights with Inf / NaN take the tile path.
+  bool registers = false;
+  if constexpr (kPairKernel<T, Tiles>) registers = pair_gemm_available() && skip == nullptr;
   parallel_items(static_cast<int64_t>(segs.size()), [&](int64_t item) {
     const Segment seg = segs[item];
     const int64_t s = seg.split, p0 = seg.t0 * plan.tile_rows, rows = (seg.t1 - seg.t0) * plan.tile_rows;
+    if constexpr (kPairKernel<T, Tiles>) {
+      if (registers) {
+        register_segment<T>(plan, seg, map, K, f, c_src, wp, k_len, c_dst, o + (partial ? s * num_dst * c_dst : 0),
+                            !partial);
+        return;
+      }
+    }
     const int64_t per_block = offsets_per_block(rows, k_len);
     A* a = scratch<A, 0>(rows * per_block * k_len);
     M* c = scratch<M, 1>(rows * c_dst);

@@ -72,8 +72,30 @@ at::Tensor pairs_forward_with(Tiles, const at::Tensor& feats, const at::Tensor& 
   int64_t first = -1;
   for (int64_t k = 0; k < K && first < 0; ++k)
     if (is_identity[k] && off[k + 1] > off[k]) first = k;
+  // With the register kernel no tile goes through memory: each offset's pairs of the block go
+  // through it in one call.
+  bool registers = false;
+  if constexpr (kPairKernel<T, Tiles>) registers = pair_gemm_available();
   parallel_items((num_dst + block - 1) / block, [&](int64_t b) {
     const int64_t b0 = b * block, b1 = std::min(num_dst, b0 + block);
+    if constexpr (kPairKernel<T, Tiles>) {
+      if (registers) {
+        if (first >= 0) {
+          const int64_t r = off[first] + b0;
+          pair_gemm(b1 - b0, src + r, dst + r, f, c_src, c_src, wp + first * k_len * c_dst, c_dst, o, c_dst, false);
+        } else {
+          std::fill(o + b0 * c_dst, o + b1 * c_dst, Acc(0));
+        }
+        for (int64_t k = 0; k < K; ++k) {
+          if (k == first) continue;
+          const int32_t* lo = std::lower_bound(dst + off[k], dst + off[k + 1], static_cast<int32_t>(b0));
+          const int32_t* hi = std::lower_bound(lo, dst + off[k + 1], static_cast<int32_t>(b1));
+          pair_gemm(hi - lo, src + (lo - dst), lo, f, c_src, c_src, wp + k * k_len * c_dst, c_dst, o, c_dst, true);
+        }
+        apply_epilogue<T>(epilogue, o + b0 * c_dst, b0, b1 - b0, c_dst, bias_p);
+        return;
+      }
+    }
     A* a = scratch<A, 0>(std::max(chunk, b1 - b0) * k_len);
     Acc* c = scratch<Acc, 1>(chunk * c_dst);
     if (first >= 0) {

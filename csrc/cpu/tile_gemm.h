@@ -153,4 +153,19 @@ inline M* scratch(int64_t count) {
   return buffer.data();
 }
 
+// A per-thread vector (its size is the caller's business).
+template <typename M, int slot>
+inline std::vector<M>* scratch_vector() {
+  thread_local std::vector<M> buffer;
+  return &buffer;
+}
+
+// At least `count` zeros of type M, per thread (never written).
+template <typename M>
+inline const M* scratch_zeros(int64_t count) {
+  thread_local std::vector<M> zeros;
+  if (static_cast<int64_t>(zeros.size()) < count) zeros.assign(count, M(0));
+  return zeros.data();
+}
+
 }  // namespace torchsparse_pp

@@ -16,6 +16,7 @@
 #include <algorithm>
 
 #include "bf16_gemm.h"
+#include "pair_gemm.h"
 #include "tile_gemm.h"
 
 namespace torchsparse_pp {
@@ -113,6 +114,13 @@ struct Bf16DotTiles {
       bf16_gemm_strided(M, N, K, a + j * M * K, 1, M, b, c + j * M * ldc, ldc, accumulate);
   }
 };
+
+// Whether the register kernels (pair_gemm.h: rows of A read straight from the source rows, sums
+// written straight to the output rows) serve inputs T with tiles Tiles: float32 and, with the bf16
+// dot product, bfloat16 (its weights are the policy's packed pairs).
+template <typename T, typename Tiles>
+constexpr bool kPairKernel = (std::is_same_v<T, float> && std::is_same_v<Tiles, FloatTiles<float>>) ||
+                             (std::is_same_v<T, at::BFloat16> && std::is_same_v<Tiles, Bf16DotTiles>);
 
 // Calls fn(policy) with the tiles that serve inputs of type T on this CPU.
 template <typename T, typename Fn>

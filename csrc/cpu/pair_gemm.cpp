@@ -1,0 +1,244 @@
+// The register gather-GEMM-scatter kernels of pair_gemm.h. Compiled for the baseline ISA; the
+// kernels carry their own target attributes and run only after the CPU check.
+#include "pair_gemm.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "bf16_gemm.h"
+
+namespace torchsparse_pp {
+
+namespace {
+
+#define TSPP_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define TSPP_AVX512_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+bool cpu_has_avx512() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+// Source rows of the next group are fetched while this group computes.
+template <typename T>
+inline void prefetch_rows(const T* feats, int64_t ldf, const int32_t* src, int64_t count, int64_t bytes) {
+  for (int64_t m = 0; m < count; ++m) {
+    const char* row = reinterpret_cast<const char*>(feats + static_cast<int64_t>(src[m]) * ldf);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+  }
+}
+
+// Stores or adds the accumulators into MR destination rows.
+template <int MR, int NV>
+TSPP_AVX512_TARGET inline void write_rows(__m512 (&acc)[MR][NV], float* const* out_rows, __mmask16 tail,
+                                          bool accumulate) {
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 k = v == NV - 1 ? tail : __mmask16(0xFFFF);
+      float* c = out_rows[m] + 16 * v;
+      const __m512 sum = accumulate ? _mm512_add_ps(acc[m][v], _mm512_maskz_loadu_ps(k, c)) : acc[m][v];
+      _mm512_mask_storeu_ps(c, k, sum);
+    }
+}
+
+// MR rows by NV vectors of 16 output columns, float32, summed over `terms` products: term j
+// multiplies rows a_rows[j * MR + m] by W_terms[j] ([K, N] row-major, column offset applied).
+template <int MR, int NV>
+TSPP_AVX512_TARGET void kernel_f32(int64_t terms, const float* const* a_rows, int64_t K, const float* const* W_terms,
+                                   int64_t N, float* const* out_rows, __mmask16 tail, bool accumulate) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < terms; ++j) {
+    const float* const* a = a_rows + j * MR;
+    for (int64_t k = 0; k < K; ++k) {
+      __m512 b[NV];
+      const float* w = W_terms[j] + k * N;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v)
+        b[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(tail, w + 16 * v) : _mm512_loadu_ps(w + 16 * v);
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        const __m512 x = _mm512_set1_ps(a[m][k]);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_fmadd_ps(x, b[v], acc[m][v]);
+      }
+    }
+  }
+  write_rows<MR, NV>(acc, out_rows, tail, accumulate);
+}
+
+// The same for bfloat16: pairs of K per dot product; an odd K's last element pairs with zero.
+template <int MR, int NV>
+TSPP_AVX512_BF16_TARGET void kernel_bf16(int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
+                                         const c10::BFloat16* const* W_terms, int64_t N, float* const* out_rows,
+                                         __mmask16 tail, bool accumulate) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_setzero_ps();
+  const int64_t pairs = (K + 1) / 2;
+  for (int64_t j = 0; j < terms; ++j) {
+    const c10::BFloat16* const* a = a_rows + j * MR;
+    const auto* w = reinterpret_cast<const uint32_t*>(W_terms[j]);
+    for (int64_t p = 0; p < pairs; ++p) {
+      __m512i b[NV];
+      const uint32_t* row = w + p * N;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v)
+        b[v] = v == NV - 1 ? _mm512_maskz_loadu_epi32(tail, row + 16 * v) : _mm512_loadu_si512(row + 16 * v);
+      const bool half = 2 * p + 1 == K;
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        const auto* bits = reinterpret_cast<const uint16_t*>(a[m]) + 2 * p;
+        uint32_t word = bits[0];
+        if (!half) word |= static_cast<uint32_t>(bits[1]) << 16;
+        const __m512i x = _mm512_set1_epi32(static_cast<int>(word));
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], (__m512bh)x, (__m512bh)b[v]);
+      }
+    }
+  }
+  write_rows<MR, NV>(acc, out_rows, tail, accumulate);
+}
+
+template <typename T>
+struct Kernels;
+
+template <>
+struct Kernels<float> {
+  template <int MR, int NV>
+  static void run(int64_t j, const float* const* a, int64_t K, const float* const* W, int64_t N, float* const* o,
+                  __mmask16 t, bool acc) {
+    kernel_f32<MR, NV>(j, a, K, W, N, o, t, acc);
+  }
+  static int64_t w_column_stride() { return 1; }  // W[k, n]: column n at n
+};
+
+template <>
+struct Kernels<c10::BFloat16> {
+  template <int MR, int NV>
+  static void run(int64_t j, const c10::BFloat16* const* a, int64_t K, const c10::BFloat16* const* W, int64_t N,
+                  float* const* o, __mmask16 t, bool acc) {
+    kernel_bf16<MR, NV>(j, a, K, W, N, o, t, acc);
+  }
+  static int64_t w_column_stride() { return 2; }  // packed pairs: column n at 2 n
+};
+
+// A group of `rows` (<= MR) rows; a narrower instantiation for the last group. Row pointers of
+// term j are a[j * MR + m] with MR the group width the caller used.
+template <typename T, int NV, int MR>
+void group(int64_t rows, int64_t terms, const T* const* a, int64_t K, const T* const* W, int64_t N, float* const* o,
+           __mmask16 tail, bool acc) {
+  using Run = Kernels<T>;
+  if (rows == MR) return Run::template run<MR, NV>(terms, a, K, W, N, o, tail, acc);
+  // A partial group: repack the row pointers of every term to the narrower width.
+  const T* packed[8 * 64];
+  const int64_t chunk = 64;
+  for (int64_t j0 = 0; j0 < terms; j0 += chunk) {
+    const int64_t nj = std::min(chunk, terms - j0);
+    for (int64_t j = 0; j < nj; ++j)
+      for (int64_t m = 0; m < rows; ++m) packed[j * rows + m] = a[(j0 + j) * MR + m];
+    const bool add = acc || j0 > 0;
+    switch (rows) {
+      case 1: Run::template run<1, NV>(nj, packed, K, W + j0, N, o, tail, add); break;
+      case 2: Run::template run<2, NV>(nj, packed, K, W + j0, N, o, tail, add); break;
+      case 3: Run::template run<3, NV>(nj, packed, K, W + j0, N, o, tail, add); break;
+      case 4: Run::template run<4, NV>(nj, packed, K, W + j0, N, o, tail, add); break;
+      case 5: Run::template run<5, NV>(nj, packed, K, W + j0, N, o, tail, add); break;
+      case 6: Run::template run<6, NV>(nj, packed, K, W + j0, N, o, tail, add); break;
+      default: Run::template run<7, NV>(nj, packed, K, W + j0, N, o, tail, add); break;
+    }
+  }
+}
+
+// out rows[m] (+)= sum_j rows_j[m] @ W_j over column blocks of 64 (the rows of A stay in L1).
+template <typename T, int MR>
+void columns(int64_t rows, int64_t terms, const T* const* a, int64_t K, const T* const* W, int64_t N,
+             float* const* out_rows, bool accumulate) {
+  static_assert(MR <= 6, "6 rows x 4 vectors of accumulators fill the registers");
+  const T* wn[64];
+  float* on[8];
+  for (int64_t n0 = 0; n0 < N; n0 += 64) {
+    const int64_t w = std::min<int64_t>(64, N - n0);
+    const int nv = static_cast<int>((w + 15) / 16);
+    const __mmask16 tail = static_cast<__mmask16>((1u << (w - 16 * (nv - 1))) - 1u);
+    for (int64_t m = 0; m < rows; ++m) on[m] = out_rows[m] + n0;
+    for (int64_t j0 = 0; j0 < terms; j0 += 64) {
+      const int64_t nj = std::min<int64_t>(64, terms - j0);
+      for (int64_t j = 0; j < nj; ++j) wn[j] = W[j0 + j] + n0 * Kernels<T>::w_column_stride();
+      const bool add = accumulate || j0 > 0;
+      const T* const* aj = a + j0 * MR;
+      switch (nv) {
+        case 1: group<T, 1, MR>(rows, nj, aj, K, wn, N, on, tail, add); break;
+        case 2: group<T, 2, MR>(rows, nj, aj, K, wn, N, on, tail, add); break;
+        case 3: group<T, 3, MR>(rows, nj, aj, K, wn, N, on, tail, add); break;
+        default: group<T, 4, MR>(rows, nj, aj, K, wn, N, on, tail, add); break;
+      }
+    }
+  }
+}
+
+template <typename T>
+void pair_gemm_impl(int64_t count, const int32_t* src, const int32_t* dst, const T* feats, int64_t ldf, int64_t K,
+                    const T* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
+  constexpr int64_t kRows = kRowGroup;
+  const T* a[kRows];
+  float* o[kRows];
+  const T* w[1] = {W};
+  for (int64_t i0 = 0; i0 < count; i0 += kRows) {
+    const int64_t rows = std::min(kRows, count - i0);
+    if (i0 + kRows < count)
+      prefetch_rows(feats, ldf, src + i0 + kRows, std::min(kRows, count - i0 - kRows), K * static_cast<int64_t>(sizeof(T)));
+    for (int64_t m = 0; m < rows; ++m) {
+      a[m] = feats + static_cast<int64_t>(src[i0 + m]) * ldf;
+      o[m] = out + static_cast<int64_t>(dst[i0 + m]) * ldo;
+    }
+    columns<T, kRows>(rows, 1, a, K, w, N, o, accumulate);
+  }
+}
+
+}  // namespace
+
+bool pair_gemm_available() {
+  static const bool available = [] {
+    const char* off = std::getenv("TSPP_DISABLE_PAIR_KERNEL");
+    return cpu_has_avx512() && !(off != nullptr && std::strcmp(off, "1") == 0);
+  }();
+  return available;
+}
+
+void pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t ldf, int64_t K,
+               const float* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
+  pair_gemm_impl(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate);
+}
+
+void pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const c10::BFloat16* feats, int64_t ldf,
+               int64_t K, const c10::BFloat16* W_packed, int64_t N, float* out, int64_t ldo, bool accumulate) {
+  pair_gemm_impl(count, src, dst, feats, ldf, K, W_packed, N, out, ldo, accumulate);
+}
+
+void rows_gemm(int64_t rows, int64_t terms, const float* const* a_rows, int64_t K, const float* const* W_terms,
+               int64_t N, float* const* out_rows, bool accumulate) {
+  columns<float, kRowGroup>(rows, terms, a_rows, K, W_terms, N, out_rows, accumulate);
+}
+
+void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
+               const c10::BFloat16* const* W_terms, int64_t N, float* const* out_rows, bool accumulate) {
+  columns<c10::BFloat16, kRowGroup>(rows, terms, a_rows, K, W_terms, N, out_rows, accumulate);
+}
+
+}  // namespace torchsparse_pp
