@@ -9,7 +9,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Dict, Iterator, Tuple
 
-from . import fetch_on_demand, gather_scatter, implicit_gemm
+from . import common, fetch_on_demand, gather_scatter, implicit_gemm
 from .tiles import tiles_for
 
 # (label, feature type, accumulator type, dot precision, tile mode) of every compute mode.
@@ -27,6 +27,7 @@ POINTERS = {
     "feats_ptr": "feats", "w_ptr": "feats", "grad_ptr": "feats", "src_ptr": "*i32", "dst_ptr": "*i32",
     "table_ptr": "*i32", "order_ptr": "*i32", "idx_ptr": "*i32", "pair_offsets_ptr": "*i64",
     "tile_starts_ptr": "*i64", "masks_ptr": "*i64", "bounds_ptr": "*i64", "split_of_offset_ptr": "*i64",
+    "nonfinite_ptr": "*i32", "flags_ptr": "*i32",
     "values_ptr": "feats",
 }
 # Output pointer types per kernel: a float accumulator, the feature type itself, or either
@@ -34,7 +35,7 @@ POINTERS = {
 OUTPUTS = {
     "fod_forward_kernel": ("acc",), "fod_forward_owned_kernel": ("feats",), "fod_wgrad_kernel": ("acc",),
     "ig_forward_kernel": ("feats", "acc"), "ig_wgrad_kernel": ("acc",), "gather_rows_kernel": ("feats",),
-    "scatter_add_rows_kernel": ("acc",),
+    "scatter_add_rows_kernel": ("acc",), "ig_nonfinite_kernel": ("feats", "acc"),
 }
 PLAN = {"PLAN_ROWS": implicit_gemm.PLAN_TILE_ROWS}
 GEMM_KERNELS = ((fetch_on_demand.fod_forward_kernel, {}), (fetch_on_demand.fod_forward_owned_kernel, {}),
@@ -44,6 +45,17 @@ GEMM_KERNELS = ((fetch_on_demand.fod_forward_kernel, {}), (fetch_on_demand.fod_f
                 (implicit_gemm.ig_wgrad_kernel, {"SORTED": False, **PLAN}),
                 (implicit_gemm.ig_wgrad_kernel, {"SORTED": True, **PLAN}))
 ROW_KERNELS = (gather_scatter.gather_rows_kernel, gather_scatter.scatter_add_rows_kernel)
+# Kernels with one fixed launch shape: the implicit GEMM's flags of non-finite weight offsets
+# and the launch that adds those offsets (implicit_gemm.nonfinite_offsets / forward).
+FIXED_KERNELS = (
+    (common.nonfinite_rows_kernel, {"BLOCK": implicit_gemm.FLAG_BLOCK}, 4, 1),
+    (implicit_gemm.ig_nonfinite_kernel, {"SORTED": False, **PLAN, "BLOCK_M": implicit_gemm.NONFINITE_BLOCK_M,
+                                         "BLOCK_N": implicit_gemm.NONFINITE_BLOCK_N,
+                                         "SUBTILES": implicit_gemm.NONFINITE_SUBTILES}, 4, 1),
+    (implicit_gemm.ig_nonfinite_kernel, {"SORTED": True, **PLAN, "BLOCK_M": implicit_gemm.NONFINITE_BLOCK_M,
+                                         "BLOCK_N": implicit_gemm.NONFINITE_BLOCK_N,
+                                         "SUBTILES": implicit_gemm.NONFINITE_SUBTILES}, 4, 1),
+)
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,13 @@ def instantiations() -> Iterator[Instantiation]:
                                         attrs, t.num_warps, t.num_stages, precision)
         if label == "tf32":
             continue  # the row kernels do no arithmetic beyond an add: fp32 covers them
+        for fn, fixed, warps, stages in FIXED_KERNELS:
+            for out_role in (_out_roles(fn, feature, acc) if fn.fn.__name__ in OUTPUTS else ("feats",)):
+                signature, attrs = _signature(fn, feature, acc, out_role)
+                variant = "".join(f"[{k.lower()}]" for k, v in fixed.items() if v is True)
+                variant += "[partials]" if fn.fn.__name__ in OUTPUTS and out_role == "acc" else ""
+                yield Instantiation(f"{fn.fn.__name__}{variant}/{label}", fn, signature, dict(fixed), attrs, warps,
+                                    stages, "ieee")
         for fn in ROW_KERNELS:
             signature, attrs = _signature(fn, feature, acc, OUTPUTS[fn.fn.__name__][0])
             constexprs = dict(BLOCK_R=gather_scatter.BLOCK_ROWS, BLOCK_C=gather_scatter.BLOCK_CHANNELS)

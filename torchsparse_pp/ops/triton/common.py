@@ -1,10 +1,12 @@
 """Device functions shared by the Triton kernels: gathered GEMM steps and offset lookup.
 
-Row indices below 0 mean "no row": the gathered operand row is zero. As in every implicit GEMM
-(the native kernels and spconv's alike), a weight holding Inf or NaN then gives NaN in rows
-that lack that neighbour; masking the accumulator per row instead costs a second accumulator's
-registers (spills at large tiles) and does not compile for tf32 on sm_100 (triton 3.9).
-Row offsets are formed in int64, so tensors past 2^31 elements are addressed correctly.
+Row indices below 0 mean "no row": the gathered operand row is zero. A zero row times a weight
+holding Inf or NaN would be NaN, so a missing neighbour must not meet such a weight in a dot:
+the implicit GEMM leaves offsets whose weight is not finite (``nonfinite_rows_kernel`` flags
+them on the device) out of its tl.dot loop and adds them in a separate launch through
+``gathered_outer`` (rank-1 updates masked per row; masking the dot's accumulator per row would
+cost a second accumulator's registers, which spills at the large tiles). The weight gradient
+masks both operands per pair, so it never forms such a product. Row offsets are formed in int64, so tensors past 2^31 elements are addressed correctly.
 """
 import triton
 import triton.language as tl
@@ -29,6 +31,32 @@ def gathered_dot(acc, feats_ptr, rows, stride_f, c_src, w_ptr, cols, c_dst,
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
     return acc
+
+
+@triton.jit
+def gathered_outer(acc, feats_ptr, rows, stride_f, c_src, w_ptr, cols, c_dst):
+    """What gathered_dot adds, for rows >= 0 only: one rank-1 update per input channel, masked
+    per row, so a row without this neighbour adds nothing even where w holds Inf or NaN. Exact
+    products in the accumulator's type; for offsets whose weight is not finite."""
+    for c in range(0, c_src):
+        a = tl.load(feats_ptr + rows.to(tl.int64) * stride_f + c, mask=rows >= 0, other=0.0).to(acc.dtype)
+        b = tl.load(w_ptr + c * c_dst + cols, mask=cols < c_dst, other=0.0).to(acc.dtype)
+        acc += tl.where((rows >= 0)[:, None], a[:, None] * b[None, :], 0.0)
+    return acc
+
+
+@triton.jit
+def nonfinite_rows_kernel(values_ptr, flags_ptr, row_len, BLOCK: tl.constexpr):
+    """flags[r] = 1 when row r of a contiguous [rows, row_len] tensor holds Inf or NaN, else 0
+    (x - x is 0 exactly for every finite x); one program per row."""
+    row = tl.program_id(0)
+    base = values_ptr + row.to(tl.int64) * row_len
+    found = tl.zeros((BLOCK,), dtype=tl.int32)
+    for start in range(0, row_len, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        x = tl.load(base + i, mask=i < row_len, other=0.0)
+        found |= ((x - x) != 0).to(tl.int32)
+    tl.store(flags_ptr + row, tl.max(found, 0))
 
 
 @triton.jit
