@@ -61,8 +61,12 @@ def test_bad_files(tmp_path, seed):
 
 def test_missing_open3d_names_the_io_extra(tmp_path, monkeypatch, seed):
     monkeypatch.setitem(sys.modules, "open3d", None)  # makes `import open3d` raise ImportError
+    # Reading needs numpy only (issue 18: header-checked readers); writing .pcd/.ply needs open3d.
+    (tmp_path / "a.ply").write_text("ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\n"
+                                    "property float y\nproperty float z\nend_header\n1 2 3\n")
+    assert io.read_points(tmp_path / "a.ply").tolist() == [[1.0, 2.0, 3.0]]
     with pytest.raises(ImportError, match=r"torchsparse-pp\[io\]"):
-        io.read_points(tmp_path / "a.ply")
+        io.write_points(tmp_path / "a.ply", _points(seed))
     with pytest.raises(ImportError, match="'io' extra"):
         io.write_points(tmp_path / "a.pcd", _points(seed))
     with pytest.raises(ImportError, match="'io' extra"):
@@ -104,7 +108,7 @@ def test_open3d_reads_what_it_wrote_itself(tmp_path, seed):
 def test_open3d_bad_inputs(tmp_path, seed):
     _open3d()
     (tmp_path / "bad.ply").write_text("this is not a ply file\n")
-    with pytest.raises(ValueError, match="open3d could not read points"):
+    with pytest.raises(ValueError, match=r"bad\.ply' is not a PLY file"):
         io.read_points(tmp_path / "bad.ply")
     with pytest.raises(FileNotFoundError):
         io.read_points(tmp_path / "none.pcd")

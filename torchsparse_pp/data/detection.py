@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 from torch.utils.data import Dataset
 
-from ..io import read_bin
+from ..io import drop_nonfinite, read_bin
 from .synthetic import BOX_CLASSES
 from .transforms import Voxelize
 
@@ -97,12 +97,13 @@ class DetectionDataset(Dataset):
         return len(self.frame_ids)
 
     def read_frame(self, index: int) -> Dict[str, object]:
-        """The raw frame: ``points`` [N, 4], ``boxes`` [M, 7], ``box_labels`` [M]."""
+        """The raw frame: ``points`` [N, 4], ``boxes`` [M, 7], ``box_labels`` [M]. Points
+        holding NaN or Inf are dropped (a NonFiniteWarning counts them)."""
         frame_id = self.frame_ids[index]
         points_file = self.root / "velodyne" / f"{frame_id}.bin"
         boxes, labels = read_boxes(self.root / "boxes" / f"{frame_id}.txt", self.classes)
-        return {"points": read_bin(points_file, columns=4), "boxes": boxes, "box_labels": labels,
-                "file": str(points_file)}
+        points = drop_nonfinite(read_bin(points_file, columns=4), points_file)
+        return {"points": points, "boxes": boxes, "box_labels": labels, "file": str(points_file)}
 
     def __getitem__(self, index: int) -> Dict[str, object]:
         frame = self.read_frame(index)

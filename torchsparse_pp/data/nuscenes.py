@@ -25,7 +25,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 import numpy as np
 from torch.utils.data import Dataset
 
-from ..io import read_bin
+from ..io import drop_nonfinite, read_bin
 from .transforms import Voxelize
 
 __all__ = ["NuScenesLidarSeg", "CLASS_NAMES", "RAW_CLASS_NAMES", "LEARNING_MAP", "IGNORE_INDEX", "map_labels",
@@ -216,14 +216,17 @@ class NuScenesLidarSeg(Dataset):
         return len(self.frames)
 
     def read_frame(self, index: int) -> Dict[str, object]:
-        """The raw frame: ``points`` [N, 5], ``labels`` (training classes), ``raw_labels``."""
+        """The raw frame: ``points`` [N, 5], ``labels`` (training classes), ``raw_labels``.
+        Points holding NaN or Inf are dropped with their labels (a NonFiniteWarning counts them)."""
         points_file, labels_file = self.frames[index]
         points = read_bin(points_file, columns=5)
         raw = read_bin(labels_file, columns=1, dtype=np.uint8).reshape(-1)
         if len(raw) != len(points):
             raise ValueError(f"label file {str(labels_file)!r} has {len(raw)} labels but "
                              f"{str(points_file)!r} has {len(points)} points")
-        return {"points": points, "labels": map_labels(raw), "raw_labels": raw, "file": str(points_file)}
+        labels = map_labels(raw)
+        points, labels, raw = drop_nonfinite(points, points_file, "drop", labels, raw)
+        return {"points": points, "labels": labels, "raw_labels": raw, "file": str(points_file)}
 
     def __getitem__(self, index: int) -> Dict[str, object]:
         frame = self.read_frame(index)

@@ -20,7 +20,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 import numpy as np
 from torch.utils.data import Dataset
 
-from ..io import read_bin
+from ..io import drop_nonfinite, read_bin
 from .transforms import Voxelize
 
 __all__ = ["SemanticKITTI", "SPLITS", "CLASS_NAMES", "LEARNING_MAP", "LEARNING_MAP_INV", "IGNORE_INDEX",
@@ -155,19 +155,22 @@ class SemanticKITTI(Dataset):
 
     def read_frame(self, index: int) -> Dict[str, object]:
         """The raw frame: ``points`` [N, 4] and, with labels, ``labels`` (training classes),
-        ``raw_labels`` (raw semantic ids) and ``instances``."""
+        ``raw_labels`` (raw semantic ids) and ``instances``. Points holding NaN or Inf are
+        dropped with their labels (a NonFiniteWarning counts them)."""
         scan = self.scans[index]
         points = read_bin(scan, columns=4)
-        frame: Dict[str, object] = {"points": points, "file": str(scan)}
+        frame: Dict[str, object] = {"file": str(scan)}
         if self.with_labels:
             label_file = self.label_path(scan)
             if not label_file.is_file():
                 raise FileNotFoundError(f"scan {str(scan)!r} has no label file {str(label_file)!r} "
                                         "(pass with_labels=False to read scans only)")
             raw, instances = read_labels(label_file, len(points))
-            frame["labels"] = map_labels(raw)
-            frame["raw_labels"] = raw
-            frame["instances"] = instances
+            labels = map_labels(raw)
+            points, labels, raw, instances = drop_nonfinite(points, scan, "drop", labels, raw, instances)
+            frame.update(points=points, labels=labels, raw_labels=raw, instances=instances)
+        else:
+            frame["points"] = drop_nonfinite(points, scan)
         return frame
 
     def __getitem__(self, index: int) -> Dict[str, object]:
