@@ -167,3 +167,26 @@ def require_same_coords(a: SparseTensor, b: SparseTensor, op: str) -> None:
     if a.C.shape != b.C.shape or not torch.equal(a.C, b.C):
         raise ValueError(f"'{op}' needs both tensors on the same coordinates in the same order "
                          f"(got {a.num_points} and {b.num_points} points that differ)")
+
+
+def _flatten(x: SparseTensor):
+    return [x._feats, x._coords], (x._stride, x._spatial_range)
+
+
+def _flatten_with_keys(x: SparseTensor):
+    from torch.utils._pytree import GetAttrKey
+    return [(GetAttrKey("F"), x._feats), (GetAttrKey("C"), x._coords)], (x._stride, x._spatial_range)
+
+
+def _unflatten(children, context) -> SparseTensor:
+    feats, coords = children
+    stride, spatial_range = context
+    return SparseTensor._derive(feats, coords, stride, spatial_range, KernelMapCache())
+
+
+# A pytree node: torch.export (and torch.utils._pytree users) take SparseTensors as inputs and
+# outputs, as their features and coordinates (stride and spatial range are static); a rebuilt
+# tensor starts an empty kernel-map cache.
+torch.utils._pytree.register_pytree_node(
+    SparseTensor, _flatten, _unflatten, serialized_type_name="torchsparse_pp.SparseTensor",
+    flatten_with_keys_fn=_flatten_with_keys)

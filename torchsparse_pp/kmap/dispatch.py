@@ -8,6 +8,7 @@ from types import ModuleType
 import torch
 
 from .. import backends, ops
+from ..ops import kmap_torch
 from . import torch_ops
 
 
@@ -30,9 +31,11 @@ def kmap_backend_for(device: torch.device) -> str:
 
 
 def kmap_ops(name: str) -> ModuleType:
-    """The module with the kernel-map functions of backend ``name`` (same signatures)."""
+    """The module with the kernel-map functions of backend ``name`` (same signatures). "torch"
+    under torch.compile / export: torch_ops' builders behind custom ops (ops/kmap_torch.py), one
+    graph node each with unbacked sizes, rather than a trace through their sorts and checks."""
     if name == "native":
         return ops
     if name == "torch":
-        return torch_ops
+        return kmap_torch if torch.compiler.is_compiling() else torch_ops
     raise ValueError(f"unknown kernel-map backend {name!r}; expected 'native' or 'torch'")

@@ -14,10 +14,13 @@ from .hash import hash_build, hash_query  # noqa: E402
 from .implicit_gemm import implicit_gemm_forward, implicit_gemm_wgrad  # noqa: E402
 from .kmap import (kmap_downsample, kmap_generative, kmap_out_in, kmap_pairs, kmap_plan,  # noqa: E402
                    kmap_submanifold, kmap_transpose)
+from .norm import sample_group_norm  # noqa: E402
+from .pooling import pool_pairs_max, pool_pairs_mean, segment_max, segment_mean  # noqa: E402
 
 __all__ = [
     "hash_build", "hash_query", "kmap_out_in", "kmap_submanifold", "kmap_downsample", "kmap_generative", "kmap_pairs",
     "kmap_transpose", "kmap_plan", "gather_scatter_forward", "gather_scatter_wgrad",
     "fetch_on_demand_forward", "fetch_on_demand_wgrad", "implicit_gemm_forward", "implicit_gemm_wgrad",
-    "fetch_on_demand_forward_fused", "cpu_bf16_dot",
+    "fetch_on_demand_forward_fused", "cpu_bf16_dot", "pool_pairs_max", "pool_pairs_mean", "segment_max",
+    "segment_mean", "sample_group_norm",
 ]

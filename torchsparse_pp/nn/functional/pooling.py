@@ -1,55 +1,12 @@
-"""Local and global pooling over the same kernel maps as convolution."""
+"""Local and global pooling over the same kernel maps as convolution (custom ops: ops/pooling.py)."""
 from typing import Optional
 
 import torch
 
+from ... import ops
 from ...kmap import ConvGeometry, KernelMap, strided_map, submanifold_map
 from ...kmap.geometry import IntOr3
 from ...tensor import SparseTensor
-
-
-class _MaxOverPairs(torch.autograd.Function):
-    """out[q] = max over the pairs (p, q) of feats[p], per channel; empty outputs are 0.
-    The gradient goes to the first input attaining the max (lowest offset index)."""
-
-    @staticmethod
-    def forward(ctx, feats, in_idx, out_idx, offsets, num_out: int):
-        channels = feats.shape[1]
-        out = feats.new_full((num_out, channels), float("-inf"))
-        argmax = torch.full((num_out, channels), -1, dtype=torch.long, device=feats.device)
-        bounds = offsets.tolist()
-        for start, end in zip(bounds[:-1], bounds[1:]):
-            if end == start:
-                continue
-            src_rows = in_idx[start:end].long()
-            dst = out_idx[start:end].long()
-            values, current = feats[src_rows], out[dst]
-            better = values > current  # strict: ties keep the earlier offset
-            out[dst] = torch.where(better, values, current)
-            argmax[dst] = torch.where(better, src_rows[:, None].expand(-1, channels), argmax[dst])
-        out[argmax < 0] = 0
-        ctx.save_for_backward(argmax)
-        ctx.num_in = feats.shape[0]
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (argmax,) = ctx.saved_tensors
-        channels = argmax.shape[1]
-        valid = argmax >= 0
-        flat = (argmax * channels + torch.arange(channels, device=argmax.device))[valid]
-        grad_in = grad_out.new_zeros(ctx.num_in * channels).index_add_(0, flat, grad_out[valid])
-        return grad_in.view(ctx.num_in, channels), None, None, None, None
-
-
-def _sum_over_pairs(feats: torch.Tensor, kmap: KernelMap) -> torch.Tensor:
-    pairs = kmap.pairs
-    out = feats.new_zeros(kmap.num_out, feats.shape[1])
-    bounds = pairs.offsets.tolist()
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        if end > start:
-            out = out.index_add(0, pairs.out_idx[start:end].long(), feats[pairs.in_idx[start:end].long()])
-    return out
 
 
 def _pool_map(input: SparseTensor, kernel_size, stride, dilation, padding, downsample_mode):
@@ -73,7 +30,7 @@ def max_pool3d(input: SparseTensor, kernel_size: IntOr3, stride: Optional[IntOr3
     ``stride`` defaults to ``kernel_size`` as in torch.nn.MaxPool3d."""
     geometry, kmap = _pool_map(input, kernel_size, stride, dilation, padding, downsample_mode)
     pairs = kmap.pairs
-    feats = _MaxOverPairs.apply(input.F, pairs.in_idx, pairs.out_idx, pairs.offsets, kmap.num_out)
+    feats, _ = ops.pool_pairs_max(input.F, pairs.in_idx, pairs.out_idx, kmap.num_out)
     return _pooled(input, geometry, kmap, feats)
 
 
@@ -82,29 +39,22 @@ def avg_pool3d(input: SparseTensor, kernel_size: IntOr3, stride: Optional[IntOr3
                downsample_mode: str = "spconv") -> SparseTensor:
     """Mean over the inputs present in the kernel neighbourhood (absent sites do not count)."""
     geometry, kmap = _pool_map(input, kernel_size, stride, dilation, padding, downsample_mode)
-    counts = torch.bincount(kmap.pairs.out_idx.long(), minlength=kmap.num_out)
-    feats = _sum_over_pairs(input.F, kmap) / counts.clamp(min=1).to(input.dtype)[:, None]
+    pairs = kmap.pairs
+    feats = ops.pool_pairs_mean(input.F, pairs.in_idx, pairs.out_idx, kmap.num_out)
     return _pooled(input, geometry, kmap, feats)
 
 
-def _batch_index(input: SparseTensor):
+def _batch_index(input: SparseTensor) -> torch.Tensor:
     if not isinstance(input, SparseTensor):
         raise TypeError(f"input must be a SparseTensor, got {type(input).__name__}")
-    batch = input.C[:, 0].long()
-    return batch, input.batch_size
+    return input.C[:, 0].long()
 
 
 def global_avg_pool(input: SparseTensor) -> torch.Tensor:
-    """``[B, C]`` mean of each sample's features."""
-    batch, size = _batch_index(input)
-    sums = input.F.new_zeros(size, input.num_channels).index_add(0, batch, input.F)
-    counts = torch.bincount(batch, minlength=size).clamp(min=1).to(input.dtype)
-    return sums / counts[:, None]
+    """``[B, C]`` mean of each sample's features (B = the largest batch index + 1)."""
+    return ops.segment_mean(input.F, _batch_index(input))
 
 
 def global_max_pool(input: SparseTensor) -> torch.Tensor:
     """``[B, C]`` per-channel max of each sample's features."""
-    batch, size = _batch_index(input)
-    index = batch[:, None].expand(-1, input.num_channels)
-    return input.F.new_zeros(size, input.num_channels).scatter_reduce(0, index, input.F, "amax",
-                                                                     include_self=False)
+    return ops.segment_max(input.F, _batch_index(input))

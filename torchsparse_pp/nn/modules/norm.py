@@ -81,6 +81,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     def forward(self, input: SparseTensor) -> SparseTensor:
         _check_channels(self, input, self.num_features)
         if not self.training or self._world_size() == 1:
+            _check_traced_points(self, input)
             return input.replace_feats(super().forward(input.F))
         feats = input.F
         x = feats.to(torch.promote_types(feats.dtype, torch.float32))
@@ -137,9 +138,7 @@ class GroupNorm(nn.Module):
 
     def forward(self, input: SparseTensor) -> SparseTensor:
         _check_channels(self, input, self.num_channels)
-        batch = input.C[:, 0].long()
-        feats = sample_group_norm(input.F, batch, input.batch_size, self.num_groups, self.weight,
-                                  self.bias, self.eps)
+        feats = sample_group_norm(input.F, input.C[:, 0], None, self.num_groups, self.weight, self.bias, self.eps)
         return input.replace_feats(feats)
 
     def extra_repr(self) -> str:
