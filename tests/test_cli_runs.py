@@ -81,6 +81,16 @@ def test_eval_writes_only_its_own_directory(run):
     assert outside_evals(snapshot(a)) == before
 
 
+def test_eval_of_the_fused_model_gives_the_same_result(run, tmp_path):
+    base, _, _ = run
+    plain, fused = cli_many(("eval", "--checkpoint", base / "a" / "last.pt", "--out", tmp_path / "plain"),
+                            ("eval", "--checkpoint", base / "a" / "last.pt", "--out", tmp_path / "fused", "--fuse"))
+    assert plain.returncode == 0 and fused.returncode == 0, (plain.stderr[-2000:], fused.stderr[-2000:])
+    a = yaml.safe_load((tmp_path / "plain" / "eval.json").read_text())
+    b = yaml.safe_load((tmp_path / "fused" / "eval.json").read_text())
+    assert b["miou"] == pytest.approx(a["miou"], abs=1e-3)  # the same model up to float rounding
+
+
 def test_finished_run_and_taken_directory_change_nothing(run):
     base, config, _ = run
     a = base / "a"

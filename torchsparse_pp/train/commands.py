@@ -42,6 +42,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                         help="directory for config.yaml and eval.json (default: a new eval-<time>/ beside the "
                              "checkpoint); the training run's files are never written")
     parser.add_argument("--force", action="store_true", help="replace the results in an --out that holds some")
+    parser.add_argument("--fuse", action="store_true",
+                        help="evaluate the fused inference model (torchsparse_pp.nn.fuse: BatchNorm folded into the "
+                             "convs, ReLU and residual sums in their kernels); same results up to float rounding")
     parser.set_defaults(overrides=[])
 
 
@@ -171,6 +174,9 @@ def run_eval(args) -> int:
         check_same_model(checkpoint, stored, config_to_dict(config), state["extra"].get("class_names"),
                          trainer.task.class_names)
         load_model_state(trainer.model, state["model"], checkpoint)
+        if args.fuse:
+            from ..nn import fuse
+            trainer.model = fuse(trainer.model)
         result = trainer.evaluate()
         if trainer.dist.is_main:
             out.mkdir(parents=True, exist_ok=True)
