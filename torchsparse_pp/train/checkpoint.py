@@ -20,8 +20,9 @@ __all__ = ["rng_state", "set_rng_state", "save_checkpoint", "load_checkpoint", "
 
 FORMAT_VERSION = 1
 # What every checkpoint holds (Trainer.load reads them all).
+# "config" may be absent (a checkpoint written from user code): commands then need --config.
 REQUIRED_KEYS = ("format", "model", "optimizer", "scheduler", "scaler", "rng", "epoch", "step", "batch_in_epoch",
-                 "world_size", "config", "extra")
+                 "world_size", "extra")
 _ZIP_MAGIC = b"PK\x03\x04"
 
 
