@@ -153,3 +153,15 @@ def test_cpu_tuned_files_without_backend_still_load():
     """Tuned files written before backends existed name no backend: the device default."""
     cfg = config_from_dict({"dataflow": "implicit_gemm", "sorted": True, "split_mask_num": 2}, "old file")
     assert cfg.backend is None and dataclasses.replace(cfg, backend="native") in design_space("cpu")
+
+
+def test_config_resolution_is_marked_constant_as_torch_marks_it():
+    # config.py marks its trace-time resolution by hand (importing torch._dynamo would import triton);
+    # this fails if torch changes how assume_constant_result marks a function.
+    from torchsparse_pp.nn.functional import config
+
+    def probe():
+        return 0
+    marked = torch.compiler.assume_constant_result(probe)
+    assert vars(marked) == {"_dynamo_marked_constant": True}
+    assert config._resolve_with_text_at_trace_time._dynamo_marked_constant is True

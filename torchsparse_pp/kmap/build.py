@@ -11,7 +11,7 @@ import torch
 from .cache import KernelMapCache, KernelMapKey
 from .dispatch import kmap_backend_for, kmap_ops
 from .geometry import ConvGeometry, Triple
-from .kernel_map import OUT_IN_ROW_PADDING, KernelMap
+from .kernel_map import OUT_IN_ROW_PADDING, GeometryKey, KernelMap
 
 DOWNSAMPLE_MODES = ("spconv", "minkowski")
 
@@ -99,7 +99,8 @@ def generative_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGe
 def transposed_source_map(cache: KernelMapCache, coords: torch.Tensor,
                           geometry: ConvGeometry) -> Optional[KernelMap]:
     """The strided map whose output set is ``coords`` (by identity) with this geometry, if any."""
+    wanted = GeometryKey.of(geometry)
     for key, kmap in cache.maps():
-        if key.mode in DOWNSAMPLE_MODES and kmap.out_coords is coords and kmap.geometry == geometry:
+        if key.mode in DOWNSAMPLE_MODES and key.geometry == wanted and kmap.out_coords is coords:
             return kmap
     return None

@@ -12,7 +12,7 @@ import contextvars
 import functools
 from dataclasses import dataclass
 from dataclasses import replace
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -165,6 +165,9 @@ DEVICE_DEFAULTS = {
     "cuda": PassConfigs.of(ConvConfig("gather_scatter")),
 }
 
+# Devices without an entry run ConvConfig() (gather_scatter).
+_FALLBACK = PassConfigs.of(ConvConfig())
+
 _default: contextvars.ContextVar = contextvars.ContextVar("torchsparse_pp_default_config", default=None)
 
 
@@ -191,7 +194,7 @@ def get_default_config(device_type: str = "cpu") -> PassConfigs:
     """The configs a conv without its own runs on ``device_type``: the global default if one is
     set, else the device's default."""
     current = _Traced.default if torch.compiler.is_compiling() else _default.get()
-    return current or DEVICE_DEFAULTS.get(device_type, PassConfigs.of(ConvConfig()))
+    return current or DEVICE_DEFAULTS.get(device_type, _FALLBACK)
 
 
 @contextlib.contextmanager
@@ -206,17 +209,10 @@ def default_config(config: ConfigLike):
         _Traced.default = outer
 
 
-def _fill_backend(config: ConvConfig, backend: str) -> ConvConfig:
-    return config if config.backend == backend else replace(config, backend=backend)
-
-
-_filled_backend = functools.lru_cache(maxsize=1024)(_fill_backend)
-
-
+@functools.lru_cache(maxsize=1024)
 def _with_backend(config: ConvConfig, backend: str) -> ConvConfig:
-    """``config`` with its backend filled in (memoised outside tracing: resolution runs on every
-    conv call)."""
-    return _fill_backend(config, backend) if torch.compiler.is_compiling() else _filled_backend(config, backend)
+    """``config`` with its backend filled in (memoised: resolution runs on every conv call)."""
+    return config if config.backend == backend else replace(config, backend=backend)
 
 
 def available_dataflows(device_type: str, backend: str):
@@ -226,10 +222,7 @@ def available_dataflows(device_type: str, backend: str):
     return IMPLEMENTED.get(device_type, ())
 
 
-def resolve_configs(config: Optional[ConfigLike], device_type: str) -> PassConfigs:
-    """The configs a conv runs with on ``device_type``, each with its backend filled in;
-    unimplemented dataflows raise, never fall back."""
-    configs = get_default_config(device_type) if config is None else PassConfigs.of(config)
+def _resolve(configs: PassConfigs, device_type: str) -> Tuple[ConvConfig, ConvConfig, ConvConfig]:
     resolved = []
     for name, cfg in zip(("forward", "dgrad", "wgrad"), configs):
         backend = cfg.backend or DEFAULT_BACKEND.get(device_type, "native")
@@ -239,8 +232,71 @@ def resolve_configs(config: Optional[ConfigLike], device_type: str) -> PassConfi
                 f"dataflow {cfg.dataflow!r} ({name} pass) is not implemented on {device_type} with the {backend} "
                 f"backend" + (f"; available there: {', '.join(available)}" if available
                               else f"; torchsparse_pp has no {backend} {device_type} kernels in this build"))
-        if backend == "triton" and not torch.compiler.is_compiling():
-            # (Traced: the Triton custom ops check this when they run.)
+        if backend == "triton":
             triton_runtime.require(torch.device(device_type))
         resolved.append(_with_backend(cfg, backend))
-    return PassConfigs(*resolved)
+    return tuple(resolved)
+
+
+def resolve_configs(config: Optional[ConfigLike], device_type: str) -> PassConfigs:
+    """The configs a conv runs with on ``device_type``, each with its backend filled in;
+    unimplemented dataflows raise, never fall back."""
+    configs = get_default_config(device_type) if config is None else PassConfigs.of(config)
+    return PassConfigs(*_resolve(configs, device_type))
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs as text: the form the sparse_conv custom op takes (op schemas have no dataclasses).
+# A ConvConfig's fields in this order, "-" for None; passes joined by ";".
+_TEXT_FIELDS = ("dataflow", "backend", "sorted", "split_mask_num", "epsilon", "mm_thresh", "tile")
+_TEXTS: dict = {}
+
+
+def configs_to_text(configs: PassConfigs) -> str:
+    def one(cfg: ConvConfig) -> str:
+        return ",".join("-" if getattr(cfg, f) is None else str(getattr(cfg, f)) for f in _TEXT_FIELDS)
+    return ";".join(one(cfg) for cfg in configs)
+
+
+@functools.lru_cache(maxsize=1024)
+def configs_from_text(text: str) -> PassConfigs:
+    """Inverse of configs_to_text."""
+    def value(field, item):
+        if item == "-":
+            return None
+        if field == "sorted":
+            return item == "True"
+        if field in ("split_mask_num", "mm_thresh"):
+            return int(item)
+        return float(item) if field == "epsilon" else item
+    passes = [dict(zip(_TEXT_FIELDS, part.split(","))) for part in text.split(";")]
+    if len(passes) != 3 or any(len(p) != len(_TEXT_FIELDS) for p in passes):
+        raise ValueError(f"not a sparse_conv config text: {text!r}")
+    return PassConfigs(*(ConvConfig(**{f: value(f, p[f]) for f in _TEXT_FIELDS}) for p in passes))
+
+
+def _resolve_with_text(configs: PassConfigs, device_type: str):
+    resolved = _resolve(configs, device_type)
+    return resolved, configs_to_text(PassConfigs(*resolved))
+
+
+# While torch.compile traces, resolution and text run as plain Python at trace time and their
+# result is a constant of the graph (dynamo guards on the configs given, read from the conv or
+# the default above), instead of being traced statement by statement on every conv.
+# This sets the attribute torch.compiler.assume_constant_result sets; calling that at import
+# would import torch._dynamo and with it triton, which plain use must not pay for.
+_resolve_with_text._dynamo_marked_constant = True
+_resolve_with_text_at_trace_time = _resolve_with_text
+
+
+def resolve_for_call(config: Optional[ConfigLike], device_type: str) -> Tuple[PassConfigs, str]:
+    """resolve_configs and the configs' text (memoised), for one conv call."""
+    configs = get_default_config(device_type) if config is None else PassConfigs.of(config)
+    if torch.compiler.is_compiling():
+        resolved, text = _resolve_with_text_at_trace_time(configs, device_type)
+        return PassConfigs(*resolved), text
+    resolved = PassConfigs(*_resolve(configs, device_type))
+    text = _TEXTS.get(resolved)
+    if text is None:
+        text = _TEXTS[resolved] = configs_to_text(resolved)
+    return resolved, text

@@ -12,7 +12,7 @@ from ...kmap import (ConvGeometry, KernelMap, generative_map, strided_map, subma
                      transposed_source_map)
 from ...kmap.geometry import IntOr3
 from ...tensor import SparseTensor
-from .config import ConfigLike, PassConfigs, resolve_configs
+from .config import ConfigLike, PassConfigs, resolve_for_call
 from .dataflows import OrientedMap, sparse_conv
 from .epilogue import Epilogue, forward_with_epilogue
 
@@ -48,7 +48,7 @@ def _cast_operands(feats: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
         dtype = torch.get_autocast_dtype(device_type)
         feats, weight = feats.to(dtype), weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
-    for backend in sorted({cfg.backend for cfg in configs}):
+    for backend in sorted({configs.forward.backend, configs.dgrad.backend, configs.wgrad.backend}):
         supported = SUPPORTED_DTYPES.get((device_type, backend), ())
         if feats.dtype not in supported:
             raise TypeError(f"sparse conv on {device_type} with the {backend} backend supports "
@@ -58,12 +58,12 @@ def _cast_operands(feats: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     return feats, weight, bias
 
 
-def _run(configs: PassConfigs, feats, weight, bias, kmap: KernelMap, transposed: bool,
+def _run(configs: PassConfigs, text: str, feats, weight, bias, kmap: KernelMap, transposed: bool,
          epilogue: Optional[Epilogue]) -> torch.Tensor:
     view = OrientedMap(kmap, transposed)
     if epilogue is not None:
-        return forward_with_epilogue(configs, feats, weight, bias, view, epilogue)
-    out = sparse_conv(feats, weight, view, configs, backends.deterministic, backends.allow_tf32)
+        return forward_with_epilogue(configs, text, feats, weight, bias, view, epilogue)
+    out = sparse_conv(feats, weight, view, configs, text, backends.deterministic, backends.allow_tf32)
     return out if bias is None else out + bias
 
 
@@ -94,10 +94,19 @@ def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size: IntOr3,
     nn.functional.epilogue).
     """
     geometry = ConvGeometry.make(kernel_size, stride, dilation, padding)
+    return conv3d_with_geometry(input, weight, geometry, bias, transposed, generative, downsample_mode, config, epilogue)
+
+
+def conv3d_with_geometry(input: SparseTensor, weight: torch.Tensor, geometry: ConvGeometry,
+                         bias: Optional[torch.Tensor] = None, transposed: bool = False, generative: bool = False,
+                         downsample_mode: str = "spconv", config: Optional[ConfigLike] = None,
+                         epilogue: Optional[Epilogue] = None) -> SparseTensor:
+    """conv3d with a ConvGeometry made beforehand (what the modules call: their geometry is
+    checked once, when they are built)."""
     if generative and not transposed:
         raise ValueError("generative=True needs transposed=True (it is a generative transposed conv)")
     _check_operands(input, weight, bias, geometry)
-    configs = resolve_configs(config, input.device.type)
+    configs, text = resolve_for_call(config, input.device.type)
     feats, weight, bias = _cast_operands(input.F, weight, bias, configs)
     cache, coords = input.cache, input.C
     stride_out, range_out = input.s, input.spatial_range
@@ -113,7 +122,7 @@ def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size: IntOr3,
         else:
             kmap = strided_map(cache, coords, geometry, downsample_mode, input.spatial_range)
             stride_out = tuple(t * s for t, s in zip(input.s, geometry.stride))
-        out = _run(configs, feats, weight, bias, kmap, False, epilogue)
+        out = _run(configs, text, feats, weight, bias, kmap, False, epilogue)
         coords, range_out = kmap.out_coords, kmap.out_range
     else:
         stride_out = _finer_stride(input, geometry)
@@ -130,6 +139,6 @@ def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size: IntOr3,
                     f"{input.s} has no matching strided conv: no conv with this geometry produced these "
                     "coordinates in this network pass. Run the matching strided conv first, or use "
                     "generative=True to create new coordinates.")
-        out = _run(configs, feats, weight, bias, kmap, True, epilogue)
+        out = _run(configs, text, feats, weight, bias, kmap, True, epilogue)
         coords, range_out = kmap.in_coords, kmap.in_range
     return SparseTensor._derive(out, coords, stride_out, range_out, cache)

@@ -56,7 +56,7 @@ def _in_kernel(config, feats: torch.Tensor, tensors) -> bool:
             and not needs_graph)
 
 
-def forward_with_epilogue(configs: PassConfigs, feats, weight, bias, view, epilogue: Epilogue) -> torch.Tensor:
+def forward_with_epilogue(configs: PassConfigs, text: str, feats, weight, bias, view, epilogue: Epilogue) -> torch.Tensor:
     """The conv over ``view`` followed by ``epilogue``; in the kernel where it can run there."""
     residual = epilogue.residual
     if _in_kernel(configs.forward, feats, (feats, weight, bias, residual)):
@@ -68,5 +68,5 @@ def forward_with_epilogue(configs: PassConfigs, feats, weight, bias, view, epilo
             residual = residual.to(feats.dtype).contiguous()
         return ops.fetch_on_demand_forward_fused(feats, weight, src, dst, offsets, identity, view.num_dst, bias,
                                                  residual, epilogue.relu)
-    out = sparse_conv(feats, weight, view, configs, backends.deterministic, backends.allow_tf32)
+    out = sparse_conv(feats, weight, view, configs, text, backends.deterministic, backends.allow_tf32)
     return epilogue.apply(out, bias)

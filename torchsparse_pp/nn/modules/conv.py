@@ -10,6 +10,7 @@ from ...kmap.geometry import IntOr3
 from ...tensor import SparseTensor
 from .. import functional as F
 from ..functional.config import ConfigLike, PassConfigs
+from ..functional.conv import conv3d_with_geometry
 
 
 class Conv3d(nn.Module):
@@ -76,9 +77,8 @@ class Conv3d(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, input: SparseTensor) -> SparseTensor:
-        g = self.geometry
-        return F.conv3d(input, self.kernel, g.kernel_size, self.bias, g.stride, g.dilation, g.padding,
-                        self.transposed, self.generative, self.downsample_mode, self.config)
+        return conv3d_with_geometry(input, self.kernel, self.geometry, self.bias, self.transposed, self.generative,
+                                    self.downsample_mode, self.config)
 
     def extra_repr(self) -> str:
         g = self.geometry

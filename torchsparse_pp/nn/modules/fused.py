@@ -8,6 +8,7 @@ from torch import nn
 
 from ...tensor import SparseTensor
 from .. import functional as F
+from ..functional.conv import conv3d_with_geometry
 from ..functional.epilogue import Epilogue
 from .conv import Conv3d
 
@@ -60,9 +61,8 @@ class FusedConv3d(nn.Module):
         epilogue = None
         if residual is not None or self.relu:
             epilogue = Epilogue(None if residual is None else residual.F, self.relu)
-        g = self.geometry
-        return F.conv3d(input, self.kernel, g.kernel_size, self.bias, g.stride, g.dilation, g.padding, self.transposed,
-                        self.generative, self.downsample_mode, self.config, epilogue=epilogue)
+        return conv3d_with_geometry(input, self.kernel, self.geometry, self.bias, self.transposed, self.generative,
+                                    self.downsample_mode, self.config, epilogue=epilogue)
 
     def train(self, mode: bool = True):
         if mode:

@@ -11,12 +11,11 @@ features, the weight and the operands of all three passes as tensors (the backwa
 operands only when autograd will need them), so autograd, torch.compile and torch.export see a
 pure function of tensors: nothing in the backward touches the kernel-map cache.
 """
-import functools
 from typing import List
 
 import torch
 
-from ..config import ConvConfig, PassConfigs
+from ..config import PassConfigs, configs_from_text
 from . import fetch_on_demand, gather_scatter, implicit_gemm
 from .oriented import OrientedMap
 from .passes import PASSES
@@ -26,46 +25,6 @@ DATAFLOW_MODULES = {
     "fetch_on_demand": fetch_on_demand,
     "implicit_gemm": implicit_gemm,
 }
-
-# A ConvConfig travels through the op as text (custom-op schemas have no dataclasses): its
-# fields in this order, "-" for None.
-_CONFIG_FIELDS = ("dataflow", "backend", "sorted", "split_mask_num", "epsilon", "mm_thresh", "tile")
-_ENCODED: dict = {}
-
-
-def _encode(configs: PassConfigs) -> str:
-    def one(cfg: ConvConfig) -> str:
-        return ",".join("-" if getattr(cfg, f) is None else str(getattr(cfg, f)) for f in _CONFIG_FIELDS)
-    return ";".join(one(cfg) for cfg in configs)
-
-
-def encode_configs(configs: PassConfigs) -> str:
-    """The text form of resolved per-pass configs (memoised outside tracing: every conv call
-    encodes)."""
-    if torch.compiler.is_compiling():
-        return _encode(configs)
-    text = _ENCODED.get(configs)
-    if text is None:
-        text = _ENCODED[configs] = _encode(configs)
-    return text
-
-
-@functools.lru_cache(maxsize=1024)
-def decode_configs(text: str) -> PassConfigs:
-    """Inverse of encode_configs."""
-    def value(field, item):
-        if item == "-":
-            return None
-        if field == "sorted":
-            return item == "True"
-        if field in ("split_mask_num", "mm_thresh"):
-            return int(item)
-        return float(item) if field == "epsilon" else item
-    passes = [dict(zip(_CONFIG_FIELDS, part.split(","))) for part in text.split(";")]
-    if len(passes) != 3 or any(len(p) != len(_CONFIG_FIELDS) for p in passes):
-        raise ValueError(f"not a sparse_conv config text: {text!r}")
-    return PassConfigs(*(ConvConfig(**{f: value(f, p[f]) for f in _CONFIG_FIELDS}) for p in passes))
-
 
 def _run_pass(pass_name, a, b, tensors, num_src, num_dst, configs, deterministic, allow_tf32):
     cfg = getattr(configs, pass_name)
@@ -78,10 +37,10 @@ def sparse_conv_op(feats: torch.Tensor, weight: torch.Tensor, forward_operands: 
                    dgrad_operands: List[torch.Tensor], wgrad_operands: List[torch.Tensor], num_src: int, num_dst: int,
                    configs: str, deterministic: bool, allow_tf32: bool) -> torch.Tensor:
     """``out [num_dst, C_out]`` of a sparse conv with ``weight [K, C_in, C_out]`` over ``feats
-    [num_src, C_in]``: the forward pass of ``configs`` (encode_configs) on ``forward_operands``.
+    [num_src, C_in]``: the forward pass of ``configs`` (config.configs_to_text) on ``forward_operands``.
     ``dgrad_operands`` / ``wgrad_operands`` are what its backward reads (empty when that gradient
     is not needed)."""
-    return _run_pass("forward", feats, weight, forward_operands, num_src, num_dst, decode_configs(configs),
+    return _run_pass("forward", feats, weight, forward_operands, num_src, num_dst, configs_from_text(configs),
                      deterministic, allow_tf32)
 
 
@@ -99,7 +58,7 @@ def _setup_context(ctx, inputs, output):
                           *wgrad_operands)
     ctx.split = len(dgrad_operands)
     ctx.lengths = (len(forward_operands), len(dgrad_operands), len(wgrad_operands))
-    ctx.args = (num_src, num_dst, decode_configs(configs), deterministic, allow_tf32)
+    ctx.args = (num_src, num_dst, configs_from_text(configs), deterministic, allow_tf32)
 
 
 def _backward(ctx, grad_out):
@@ -124,18 +83,16 @@ def _backward(ctx, grad_out):
 sparse_conv_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def sparse_conv(feats: torch.Tensor, weight: torch.Tensor, view: OrientedMap, configs: PassConfigs,
+def sparse_conv(feats: torch.Tensor, weight: torch.Tensor, view: OrientedMap, configs: PassConfigs, text: str,
                 deterministic: bool, allow_tf32: bool) -> torch.Tensor:
     """The conv over ``view`` through the custom op, with the operands of the passes autograd
     will run (the input gradient when ``feats`` requires grad, the weight gradient when
-    ``weight`` does)."""
+    ``weight`` does). ``text`` is ``configs_to_text(configs)``."""
     grad = torch.is_grad_enabled()
     needed = {"forward": True, "dgrad": grad and feats.requires_grad, "wgrad": grad and weight.requires_grad}
     operands = [DATAFLOW_MODULES[cfg.dataflow].operands(view, p, cfg, deterministic) if needed[p] else []
                 for p, cfg in zip(PASSES, configs)]
-    return sparse_conv_op(feats, weight, *operands, view.num_src, view.num_dst, encode_configs(configs),
-                          deterministic, allow_tf32)
+    return sparse_conv_op(feats, weight, *operands, view.num_src, view.num_dst, text, deterministic, allow_tf32)
 
 
-__all__ = ["DATAFLOW_MODULES", "OrientedMap", "PASSES", "sparse_conv", "sparse_conv_op", "encode_configs",
-           "decode_configs"]
+__all__ = ["DATAFLOW_MODULES", "OrientedMap", "PASSES", "sparse_conv", "sparse_conv_op"]
