@@ -3,9 +3,15 @@
 
 #include <ATen/Parallel.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <limits>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "kmap_common.h"
@@ -156,6 +162,49 @@ void check_table(const at::Tensor& table, int64_t num_rows, int64_t K, int64_t n
   check_rows(num_src, "the map's source (num_src)");
   TORCH_CHECK(all_in_range(table.narrow(0, 0, num_rows), -1, num_src),
               "the map holds a row index outside [-1, ", num_src, ")");
+}
+
+namespace {
+
+// The first integer after `key` in a text file, or -1.
+int64_t read_number(const char* file, const std::string& key) {
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.compare(0, key.size(), key) != 0) continue;
+    std::istringstream rest(line.substr(key.size()));
+    int64_t value = -1;
+    if (rest >> value) return value;
+  }
+  return -1;
+}
+
+}  // namespace
+
+int64_t available_memory_bytes() {
+  int64_t available = read_number("/proc/meminfo", "MemAvailable:");
+  if (available >= 0) available *= 1024;  // kB
+  if (available < 0) {
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) available = static_cast<int64_t>(pages) * page;
+  }
+  // cgroup v2: memory.max ("max" when unlimited) minus memory.current.
+  const int64_t limit = read_number("/sys/fs/cgroup/memory.max", "");
+  const int64_t used = read_number("/sys/fs/cgroup/memory.current", "");
+  if (limit > 0 && used >= 0) {
+    const int64_t left = std::max<int64_t>(limit - used, 0);
+    available = available < 0 ? left : std::min(available, left);
+  }
+  return available;
+}
+
+void check_memory(int64_t bytes, const std::string& what) {
+  const int64_t available = available_memory_bytes();
+  if (available < 0 || bytes <= available) return;
+  char text[128];
+  std::snprintf(text, sizeof(text), "%.2f GiB, but only %.2f GiB are available", bytes / 1073741824.0,
+                available / 1073741824.0);
+  TORCH_CHECK(false, what, " needs ", text, " (MemAvailable and the cgroup limit): refused before allocating");
 }
 
 }  // namespace torchsparse_pp

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
+
 namespace torchsparse_pp {
 
 // Feature matrix [N, C] of a supported dtype.
@@ -27,5 +29,14 @@ void check_pairs_sorted_by_dst(const at::Tensor& dst_idx, const at::Tensor& offs
 
 // Output-stationary table [rows >= num_rows, K] with entries in [-1, num_src).
 void check_table(const at::Tensor& table, int64_t num_rows, int64_t K, int64_t num_src);
+
+// Memory this process may still use: MemAvailable (/proc/meminfo), capped by the cgroup's
+// limit; -1 when neither can be read.
+int64_t available_memory_bytes();
+
+// Raises before an allocation of `bytes` that cannot fit in the available memory (the
+// allocation would fail later, or the OOM killer would end the process); `what` says what
+// needs it and why that much.
+void check_memory(int64_t bytes, const std::string& what);
 
 }  // namespace torchsparse_pp

@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <string>
 #include <vector>
 
+#include "checks_cpu.h"
 #include "hash_cpu.h"
 #include "kmap_common.h"
 #include "radix_sort.h"
@@ -22,6 +24,8 @@ namespace torchsparse_pp {
 namespace {
 
 constexpr int64_t kNoRow = std::numeric_limits<int64_t>::max();
+// Bytes per candidate while a map is built: key and payload, and the radix sort's copies.
+constexpr int64_t kCandidateBytes = 4 * sizeof(uint64_t);
 
 enum class Relation {
   kReadBy,  // outputs q with q*s - pad + t*d = p (strided conv)
@@ -122,6 +126,10 @@ Candidates collect(const at::Tensor& coords, const Rules& rules, int64_t K, bool
       start[i + 1] = rules.for_each(c + 4 * i, [](int64_t, int64_t) {});
   });
   for (int64_t i = 0; i < n; ++i) start[i + 1] += start[i];
+  // Keys and payloads, and as much again while radix-sorting them.
+  check_memory(start[n] * kCandidateBytes,
+               "the kernel map's candidate list (" + std::to_string(start[n]) + " coordinates that " +
+                   std::to_string(n) + " inputs reach through " + std::to_string(K) + " kernel offsets)");
   Candidates out{std::vector<uint64_t>(start[n]), std::vector<uint64_t>(start[n])};
   std::atomic<int64_t> bad_row{kNoRow};
   at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {

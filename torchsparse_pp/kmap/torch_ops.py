@@ -29,6 +29,9 @@ INT32_MAX = (1 << 31) - 1
 GEOMETRY_VALUE_MAX = 1 << 20
 # Elements per temporary [rows, offsets] block of the submanifold search (bounds memory).
 SEARCH_BLOCK = 1 << 24
+# Bytes per (kernel tap, input) while strided / generative candidates are formed: int64 keys,
+# the validity masks, the nonzero indices and the selected keys, rows and offsets.
+CANDIDATE_BYTES = 48
 
 RANGE_TEXT = f"batch in [0, {BATCH_MAX}], x/y/z in [{SPATIAL_MIN}, {SPATIAL_MAX}]"
 UNIQUE_HINT = (": the coordinates of a SparseTensor must be unique "
@@ -38,6 +41,42 @@ UNIQUE_HINT = (": the coordinates of a SparseTensor must be unique "
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise RuntimeError(message)
+
+
+def _available_memory(device: torch.device) -> int:
+    """Bytes this process may still allocate on ``device`` (CPU: MemAvailable capped by the cgroup
+    limit, as csrc/cpu/checks_cpu.cpp reads them); -1 when unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return -1
+    available = -1
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        if limit != "max":
+            left = max(int(limit) - used, 0)
+            available = left if available < 0 else min(available, left)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def _check_memory(needed: int, what: str, device: torch.device) -> None:
+    """RuntimeError before an allocation that cannot fit (the compiled ops' check_memory)."""
+    available = _available_memory(device)
+    if 0 <= available < needed:
+        raise RuntimeError(f"{what} needs {needed / 2 ** 30:.2f} GiB, but only {available / 2 ** 30:.2f} GiB are "
+                           "available (MemAvailable and the cgroup limit): refused before allocating")
 
 
 # --- arguments -----------------------------------------------------------------------------------
@@ -220,9 +259,11 @@ def _candidates(coords: torch.Tensor, g: _Geometry, relation: str, out_range: Op
     otherwise it is dropped (it cannot match an existing coordinate)."""
     c = coords.to(torch.int64)
     n = c.shape[0]
+    taps = 1 if relation == _FLOOR else g.volume
+    _check_memory(taps * n * CANDIDATE_BYTES, f"the kernel map's candidate list ({taps * n} (input, kernel offset) "
+                  f"pairs of {n} inputs and {taps} offsets)", coords.device)
     (qx, vx, ox), (qy, vy, oy), (qz, vz, oz) = (_axis_reach(c[:, 1 + a], g, a, relation, out_range)
                                                 for a in range(3))
-    taps = qx.shape[0] * qy.shape[0] * qz.shape[0]
 
     def grid(x, y, z, op):  # [tx, N], [ty, N], [tz, N] -> [tx*ty*tz, N], z fastest
         return op(op(x[:, None, None], y[None, :, None]), z[None, None, :]).reshape(taps, n)
