@@ -118,8 +118,10 @@ def _segment_mean_setup(ctx, inputs, output):
 
 def _segment_mean_backward(ctx, grad_out):
     (batch,) = ctx.saved_tensors
-    counts = segment_counts(batch, grad_out.shape[0], grad_out.dtype).clamp(min=1)
-    return (grad_out / counts[:, None])[batch], None
+    # Counts shaped after grad_out (zeros_like, not a size read): under AOT autograd B is an
+    # unbacked size of the forward, which the backward graph may not take as an int input.
+    counts = torch.zeros_like(grad_out[:, 0]).index_add_(0, batch, torch.ones_like(batch, dtype=grad_out.dtype))
+    return (grad_out / counts.clamp(min=1)[:, None])[batch], None
 
 
 segment_mean.register_autograd(_segment_mean_backward, setup_context=_segment_mean_setup)
