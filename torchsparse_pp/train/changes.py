@@ -16,7 +16,7 @@ __all__ = ["Change", "flatten", "show", "differences", "model_keys", "model_diff
            "SCHEDULE_KEYS"]
 
 SCHEDULE_KEYS = ("train.epochs", "train.max_steps", "train.seed", "data.batch_size", "data.max_scans",
-                 "data.train_split")
+                 "data.train_split", "train.accumulate")
 
 
 @dataclass(frozen=True)

@@ -66,11 +66,13 @@ class OptimConfig:
 class TrainConfig:
     epochs: int = 1
     max_steps: Optional[int] = None        # stop (and end the schedule) after this many steps
+    accumulate: int = 1                    # batches per optimizer step (gradient accumulation)
     device: str = "cpu"                    # cpu | cuda
     amp: bool = False                      # CUDA: float16 autocast + grad scaler; CPU: bfloat16 autocast
     seed: int = 0
     deterministic: bool = False            # torchsparse_pp.backends.deterministic
     threads: int = 0                       # torch threads per process (0: torch's default)
+    sync_batchnorm: bool = True            # several processes: BatchNorm statistics over all of them
     conv_dataflow: Optional[str] = None    # default dataflow of every sparse conv (None: library default)
     tuned: Optional[str] = None            # tuned configs file (`torchsparse-pp tune`), applied per layer
     tuned_strict: bool = True              # a tuned file from another model or device: error (false: warning)
@@ -118,7 +120,8 @@ class Config:
             if value is not None:
                 _positive(name, value)
         for name in ("data.batch_size", "data.val_batch_size", "train.epochs", "train.log_every",
-                     "data.max_points", "data.max_scans", "train.max_steps", "train.checkpoint_every"):
+                     "data.max_points", "data.max_scans", "train.max_steps", "train.checkpoint_every",
+                     "train.accumulate"):
             value = _get(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value!r}")

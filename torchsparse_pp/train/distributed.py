@@ -1,5 +1,7 @@
 """torch.distributed for training: process-group setup from torchrun's environment (gloo on
-the CPU, nccl on CUDA), SyncBatchNorm conversion, gradient averaging and result gathering."""
+the CPU, nccl on CUDA), SyncBatchNorm conversion, the DistributedDataParallel wrapper, and
+result gathering."""
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Any, List
@@ -7,11 +9,12 @@ from typing import Any, List
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ..nn import BatchNorm, SyncBatchNorm
 
-__all__ = ["DistInfo", "init_distributed", "convert_sync_batchnorm", "average_gradients", "broadcast_model",
-           "all_reduce_sum", "gather_objects", "cleanup"]
+__all__ = ["DistInfo", "init_distributed", "convert_sync_batchnorm", "wrap_ddp", "unwrap", "broadcast_buffers",
+           "unsynced_norms", "average_buffers", "all_reduce_sum", "gather_objects", "cleanup"]
 
 
 @dataclass(frozen=True)
@@ -52,40 +55,58 @@ def convert_sync_batchnorm(model: nn.Module) -> nn.Module:
     return model
 
 
-def broadcast_model(model: nn.Module) -> None:
-    """Rank 0's parameters and buffers to every rank."""
+def unsynced_norms(model: nn.Module) -> List[nn.Module]:
+    """The norms with running statistics that do not reduce them over the ranks (dense BatchNorm
+    on the CPU; every BatchNorm when train.sync_batchnorm is off): each rank updates its own."""
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+            and not isinstance(m, (SyncBatchNorm, nn.SyncBatchNorm)) and m.track_running_stats]
+
+
+def _ddp_accepts(name: str) -> bool:
+    return name in inspect.signature(DistributedDataParallel.__init__).parameters
+
+
+def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
+    """``model`` in torch's DistributedDataParallel (bucketed gradient all-reduce overlapped with
+    backward, ``no_sync()`` for accumulation). Parameters and buffers start as rank 0's.
+
+    Buffers are not broadcast before every forward: SyncBatchNorm computes the same running
+    statistics on every rank, and the trainer averages those of unsynchronised norms after each
+    step (average_buffers), which keeps every rank's information instead of rank 0's alone."""
+    broadcast_buffers(model)
+    kwargs = {"forward_sync_buffers": False} if _ddp_accepts("forward_sync_buffers") else {"broadcast_buffers": False}
+    device_ids = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, **kwargs)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a DistributedDataParallel (or the model itself)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def broadcast_buffers(model: nn.Module) -> None:
+    """Rank 0's buffers to every rank."""
     if dist.is_initialized() and dist.get_world_size() > 1:
-        for tensor in list(model.parameters()) + list(model.buffers()):
-            dist.broadcast(tensor.data, 0)
+        for buffer in model.buffers():
+            dist.broadcast(buffer.data, 0)
 
 
-def average_gradients(model: nn.Module) -> None:
-    """Mean of the gradients over ranks, in one flat all-reduce (identical on every rank)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
+def average_buffers(modules: List[nn.Module]) -> None:
+    """The running statistics of ``modules`` (unsynced_norms): the mean over ranks, in one
+    all-reduce, so the ranks keep identical models."""
+    if not modules or not (dist.is_initialized() and dist.get_world_size() > 1):
         return
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    buffers = [b for m in modules for b in (m.running_mean, m.running_var) if b is not None]
+    if not buffers:
+        return
+    flat = torch.cat([b.reshape(-1).float() for b in buffers])
     dist.all_reduce(flat)
     flat /= dist.get_world_size()
     offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-        offset += n
-
-
-def average_buffers(model: nn.Module) -> None:
-    """Running statistics of norms that were not synchronised (dense BN on the CPU): the mean
-    over ranks, so the ranks keep identical models."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return
-    for buffer in model.buffers():
-        if buffer.is_floating_point():
-            dist.all_reduce(buffer.data)
-            buffer.data /= dist.get_world_size()
+    for b in buffers:
+        b.copy_(flat[offset:offset + b.numel()].view_as(b))
+        offset += b.numel()
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

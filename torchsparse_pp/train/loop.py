@@ -20,8 +20,8 @@ from .changes import Change, describe, differences, schedule_changes
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint, set_rng_state
 from .config import Config, config_to_dict, dump_config
 from .data import build_dataset, build_loader, class_names
-from .distributed import (DistInfo, average_buffers, average_gradients, broadcast_model, convert_sync_batchnorm,
-                          init_distributed)
+from .distributed import (DistInfo, all_reduce_sum, average_buffers, convert_sync_batchnorm, init_distributed,
+                          unsynced_norms, wrap_ddp)
 from .files import atomic_write_text
 from .interrupt import StopRequest, TrainingInterrupted
 from .logging import RunLogger
@@ -50,8 +50,12 @@ def _device(config: Config) -> torch.device:
 
 class Trainer:
     """``Trainer(config).fit()`` trains (resuming from ``resume`` when given) and evaluates after
-    each epoch; ``evaluate()`` runs the val split. ``losses`` records every step's loss on
-    this process, for tests and scripts.
+    each epoch; ``evaluate()`` runs the val split. ``losses`` records every step's loss (the
+    mean over all processes), for tests and scripts.
+
+    ``model`` is the plain module (what checkpoints hold and evaluation runs); with several
+    processes, training steps run it through ``ddp``, its DistributedDataParallel wrapper
+    (``train_model`` is whichever trains).
 
     Nothing is written before ``fit()``, which first claims ``train.run_dir``: a directory holding
     another run is refused unless ``force`` (its run files are then replaced). A resume compares
@@ -77,21 +81,26 @@ class Trainer:
         self.train_loader = build_loader(config, self.train_set, True, self.dist.world_size, self.dist.rank)
         self.val_loader = build_loader(config, self.val_set, False, self.dist.world_size, self.dist.rank)
 
-        model = self.task.build_model()
-        if self.dist.world_size > 1:
+        model = self.task.build_model().to(self.device)
+        if self.dist.world_size > 1 and train.sync_batchnorm:
             model = convert_sync_batchnorm(model)
-        self.model = model.to(self.device)
+        self.model = model
         if train.tuned:
             tuned = apply_tuned_file(self.model, config, train.tuned, strict=train.tuned_strict)
             if self.dist.is_main:
                 part = f" of {tuned.applied_to}" if tuned.applied_to else ""
                 print(f"tuned configs from {train.tuned} on {len(tuned.layers)} sparse convs{part} "
                       f"({tuned.meta.get('mode')}, tuned on {tuned.meta['device']['name']})", flush=True)
-        if self.dist.world_size > 1:
-            broadcast_model(self.model)
-        self.steps_per_epoch = len(self.train_loader)
+        # DDP starts every rank from rank 0's parameters and buffers and averages the gradients.
+        self.ddp = wrap_ddp(self.model, self.device) if self.dist.world_size > 1 else None
+        self.unsynced_norms = unsynced_norms(self.model) if self.dist.world_size > 1 else []
+        self.accumulate = train.accumulate
+        self.steps_per_epoch = len(self.train_loader) // self.accumulate
         if self.steps_per_epoch == 0:
-            raise ValueError("the train loader has no batches")
+            raise ValueError("the train loader has no batches" if len(self.train_loader) == 0 else
+                             f"the train loader has {len(self.train_loader)} batches per epoch, fewer than "
+                             f"train.accumulate={self.accumulate}")
+        self.batches_per_epoch = self.steps_per_epoch * self.accumulate  # those of an epoch that train
         self.step = 0           # optimizer steps done
         self.epoch = 0          # current epoch
         self.batch_in_epoch = 0  # batches of the current epoch done
@@ -114,17 +123,28 @@ class Trainer:
         if resume is not None:
             self.load(resume)
 
+    @property
+    def train_model(self) -> torch.nn.Module:
+        """What a training step runs: the DDP wrapper with several processes, else the model."""
+        return self.ddp if self.ddp is not None else self.model
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples in one optimizer step, over all processes."""
+        return self.config.data.batch_size * self.accumulate * self.dist.world_size
+
     def _planned_total(self) -> int:
         """The step the schedule ends at: the epochs left from the current position, capped by
         train.max_steps (equal to epochs x steps per epoch unless a resume changed them)."""
         train = self.config.train
-        remaining = (train.epochs - self.epoch) * self.steps_per_epoch - self.batch_in_epoch
+        remaining = (train.epochs - self.epoch) * self.steps_per_epoch - self.batch_in_epoch // self.accumulate
         total = self.step + max(remaining, 0)
         return total if train.max_steps is None else min(total, train.max_steps)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: Union[str, Path]) -> Optional[Path]:
-        """Rank 0 writes; the other ranks hold identical state."""
+        """Rank 0 writes; the other ranks hold identical state. The model's state dict is the
+        plain module's (no DDP ``module.`` prefix), so any process count, or none, loads it."""
         if not self.dist.is_main:
             return None
         extra = {"class_names": list(self.task.class_names), "finished": self.finished,
@@ -137,13 +157,22 @@ class Trainer:
     def load(self, path: Union[str, Path]) -> None:
         """Continues from a checkpoint (see the class doc for what may differ)."""
         state = load_checkpoint(path, map_location=self.device)
-        if state["world_size"] != self.dist.world_size:
-            raise CheckpointError(f"checkpoint {str(path)!r} was written by {state['world_size']} processes; resume "
-                                  f"it with as many (this run has {self.dist.world_size}) so the data order continues")
-        stored, current = state.get("config") or {}, config_to_dict(self.config)
+        stored, current = _with_new_defaults(state.get("config") or {}), config_to_dict(self.config)
         check_same_model(path, stored, current, state["extra"].get("class_names"), self.task.class_names)
         self.changes = differences(stored, current)
+        # The data order is one permutation per epoch that the processes share out, so a run
+        # continues on another number of processes; what counts is the samples per step.
+        old_world = state["world_size"]
+        old_batch = stored.get("data", {}).get("batch_size", self.config.data.batch_size)
+        old_per_step = old_world * old_batch * stored.get("train", {}).get("accumulate", self.accumulate)
         schedule = schedule_changes(self.changes)
+        if old_world != self.dist.world_size:
+            self.changes.append(Change("processes", old_world, self.dist.world_size))
+            if old_per_step != self.samples_per_step:
+                schedule.append(Change("samples per step (processes x data.batch_size x train.accumulate)",
+                                       old_per_step, self.samples_per_step))
+        if old_per_step == self.samples_per_step:  # the same steps over the same samples
+            schedule = [c for c in schedule if c.key not in ("data.batch_size", "train.accumulate")]
         if schedule and not self.force:
             raise CheckpointError(f"these settings change the schedule of the run in {str(path)!r}: "
                                   f"{describe(schedule, 'checkpoint', 'now')}; pass --force to continue under them "
@@ -159,12 +188,12 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])
         self.epoch, self.step, self.batch_in_epoch = state["epoch"], state["step"], state["batch_in_epoch"]
-        old_batch = stored.get("data", {}).get("batch_size", self.config.data.batch_size)
-        if old_batch != self.config.data.batch_size or self.batch_in_epoch >= self.steps_per_epoch:
-            # Same place in the epoch's sample order, counted in batches of the new size.
-            self.batch_in_epoch = -(-self.batch_in_epoch * old_batch // self.config.data.batch_size)
-            if self.batch_in_epoch >= self.steps_per_epoch:
-                self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        # Same place in the epoch's sample order, counted in steps of this run (the identity
+        # unless the samples per step changed).
+        samples_done = self.batch_in_epoch * old_batch * old_world
+        self.batch_in_epoch = -(-samples_done // self.samples_per_step) * self.accumulate
+        if self.batch_in_epoch >= self.batches_per_epoch:
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
         self.finished = bool(state["extra"].get("finished", False))
         self.final_summary = dict(state["extra"].get("final") or {})
         self.total_steps = self._planned_total()
@@ -213,25 +242,57 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
-    def train_step(self, batch) -> Dict[str, float]:
+    def train_step(self, batches) -> Dict[str, float]:
+        """One optimizer step on a batch, or on a list of batches whose gradients accumulate
+        (train.accumulate of them in fit); returns the losses (means over all processes)."""
         with self.library_settings():
-            return self._train_step(batch)
+            return self._train_step(batches if isinstance(batches, (list, tuple)) else [batches])
 
-    def _train_step(self, batch) -> Dict[str, float]:
-        self.model.train()
-        with self._autocast():
-            losses = self.task.loss(self.model, batch, self.device)
-        loss = losses["loss"]
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"step {self.step}: the loss is {loss.item()}; lower optim.lr or check the data")
+    def _normalizer(self, batches) -> Optional[float]:
+        """The divisor that turns each batch's summed loss into its share of the mean over every
+        target of the step (all batches, all processes), so the averaged gradient equals one
+        process's on all that data: N / world size (DDP divides by the world size again). None
+        for one batch on one process (the batch mean) and for losses that normalise themselves."""
+        world = self.dist.world_size
+        if world == 1 and len(batches) == 1:
+            return None
+        counts = [self.task.target_count(b) for b in batches]
+        if any(c is None for c in counts):
+            return None
+        total = all_reduce_sum(torch.tensor([float(sum(counts))], dtype=torch.float64, device=self.device))
+        return max(float(total.item()), 1.0) / world
+
+    def _train_step(self, batches) -> Dict[str, float]:
+        model = self.train_model
+        model.train()
+        world = self.dist.world_size
+        normalizer = self._normalizer(batches)
+        # Losses that normalise themselves: the mean over the batches (DDP averages the processes).
+        scale = 1.0 if normalizer is not None else 1.0 / len(batches)
         self.optimizer.zero_grad(set_to_none=True)
+        totals, names = None, None
+        for i, batch in enumerate(batches):
+            # No gradient all-reduce until the last batch of the step.
+            last = i == len(batches) - 1
+            with self.ddp.no_sync() if (self.ddp is not None and not last) else contextlib.nullcontext():
+                with self._autocast():
+                    if normalizer is None:
+                        losses = self.task.loss(model, batch, self.device)
+                    else:
+                        losses = self.task.loss(model, batch, self.device, normalizer)
+                if scale != 1.0:
+                    losses = {k: v * scale for k, v in losses.items()}
+                names = list(losses)
+                # Every process sees the same values (and stops together on a bad one).
+                values = all_reduce_sum(torch.stack([v.detach().float() for v in losses.values()])) / world
+                if not bool(torch.isfinite(values).all()):
+                    raise FloatingPointError(f"step {self.step}: the loss is {float(values[0])}; lower optim.lr or "
+                                             "check the data")
+                totals = values if totals is None else totals + values
+                loss = losses["loss"]
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            average_gradients(self.model)
             self.scaler.unscale_(self.optimizer)
-        else:
-            loss.backward()
-            average_gradients(self.model)
         if self.config.optim.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
         self.last_lr = self.optimizer.param_groups[0]["lr"]  # this step's lr, before the scheduler moves on
@@ -241,10 +302,9 @@ class Trainer:
         else:
             self.optimizer.step()
         self.scheduler.step()
-        if self.dist.world_size > 1:
-            average_buffers(self.model)
+        average_buffers(self.unsynced_norms)
         self.step += 1
-        return {k: float(v.detach()) for k, v in losses.items()}
+        return dict(zip(names, totals.tolist()))
 
     def _stop_agreed(self, stop: StopRequest) -> bool:
         """Whether to stop now: every rank stops at the same step, when any rank was asked."""
@@ -263,16 +323,18 @@ class Trainer:
         start = time.perf_counter()
         batches = iter(self.train_loader)
         while True:
+            group = []
             try:
-                batch = next(batches)
-            except StopIteration:
+                while len(group) < self.accumulate:
+                    group.append(next(batches))
+            except StopIteration:  # the epoch's last batches short of a whole step are left out
                 break
             except Exception:
                 if stop.requested:  # Ctrl-C also reached the loader's worker processes
                     return False
                 raise
-            values = self.train_step(batch)
-            self.batch_in_epoch += 1
+            values = self.train_step(group)
+            self.batch_in_epoch += len(group)
             self.losses.append(values["loss"])
             bar.update(1)
             bar.set_postfix(epoch=f"{self.epoch + 1}/{train.epochs}", loss=f"{values['loss']:.4f}",
@@ -286,7 +348,7 @@ class Trainer:
                 return False
             if self.step >= self.total_steps:
                 break
-        if self.batch_in_epoch >= self.steps_per_epoch:
+        if self.batch_in_epoch >= self.batches_per_epoch:
             self.epoch += 1
             self.batch_in_epoch = 0
         return True
@@ -351,6 +413,16 @@ class Trainer:
             with self._autocast():
                 self.task.eval_batch(self.model, batch, self.device)
         return self.task.finish_eval()
+
+
+def _with_new_defaults(stored: Dict[str, object]) -> Dict[str, object]:
+    """A checkpoint's stored config with the defaults of settings added since (so that a
+    checkpoint written before them does not read as a change)."""
+    if not stored:
+        return stored
+    out = dict(stored)
+    out["train"] = dict({"accumulate": 1, "sync_batchnorm": True}, **(stored.get("train") or {}))
+    return out
 
 
 def result_summary(result: Dict[str, object]) -> Dict[str, object]:

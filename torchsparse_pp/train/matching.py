@@ -32,7 +32,14 @@ def check_same_model(path: Union[str, Path], stored: Dict[str, Any], current: Di
 
 
 def load_model_state(model: nn.Module, state: Dict[str, Any], path: Union[str, Path]) -> None:
-    """load_state_dict, with a one-line summary of what does not fit instead of torch's dump."""
+    """load_state_dict, with a one-line summary of what does not fit instead of torch's dump.
+    ``model`` may be wrapped in DistributedDataParallel, and ``state`` may come from a wrapped
+    model's state_dict (every key prefixed ``module.``): both load as the plain module's."""
+    from .distributed import unwrap
+
+    model = unwrap(model)
+    if state and all(k.startswith("module.") for k in state):
+        state = {k[len("module."):]: v for k, v in state.items()}
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]

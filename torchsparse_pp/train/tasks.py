@@ -1,6 +1,6 @@
 """What differs between segmentation and detection: the model, the loss of a batch, and the
 evaluation of a batch (with the metric that sums them up)."""
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as TF
@@ -30,11 +30,19 @@ class SegmentationTask:
         """Per-voxel logits of a batch."""
         return model(batch["lidar"].to(device))
 
-    def loss(self, model, batch, device) -> Dict[str, torch.Tensor]:
+    def targets(self, batch) -> torch.Tensor:
+        """The batch's loss targets (voxel labels), 255 where ignored."""
+        return torch.cat(batch["targets"]) if isinstance(batch["targets"], list) else batch["targets"].reshape(-1)
+
+    def target_count(self, batch) -> Optional[int]:
+        """How many targets the batch's loss averages over (those that are not ignored)."""
+        return int((self.targets(batch) != IGNORE_INDEX).sum())
+
+    def loss(self, model, batch, device, normalizer: Optional[float] = None) -> Dict[str, torch.Tensor]:
+        """Cross entropy: the mean over the batch's targets, or their sum / ``normalizer`` (the
+        trainer's split of a mean over several batches and processes)."""
         logits = self.forward(model, batch, device)
-        targets = torch.cat(batch["targets"]) if isinstance(batch["targets"], list) else batch["targets"].reshape(-1)
-        loss = TF.cross_entropy(logits.float(), targets.to(device), ignore_index=IGNORE_INDEX)
-        return {"loss": loss}
+        return {"loss": _cross_entropy(logits, self.targets(batch).to(device), normalizer)}
 
     def start_eval(self) -> None:
         self.confusion = torch.zeros(self.num_classes, self.num_classes, dtype=torch.int64)
@@ -80,10 +88,13 @@ class PointSegmentationTask(SegmentationTask):
         """Per-point logits of a batch."""
         return model(self.points(batch, device))
 
-    def loss(self, model, batch, device) -> Dict[str, torch.Tensor]:
+    def targets(self, batch) -> torch.Tensor:
+        """The batch's loss targets (point labels), 255 where ignored."""
+        return torch.cat(_per_sample(batch["point_targets"]))
+
+    def loss(self, model, batch, device, normalizer: Optional[float] = None) -> Dict[str, torch.Tensor]:
         logits = self.forward(model, batch, device)
-        targets = torch.cat(_per_sample(batch["point_targets"])).to(device)
-        return {"loss": TF.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX)}
+        return {"loss": _cross_entropy(logits, self.targets(batch).to(device), normalizer)}
 
     @torch.no_grad()
     def eval_batch(self, model, batch, device) -> List[torch.Tensor]:
@@ -112,7 +123,13 @@ class DetectionTask:
         voxels = voxelize([p.to(device) for p in batch["points"]], self.model_config)
         return model(voxels, len(batch["points"]))
 
-    def loss(self, model, batch, device) -> Dict[str, torch.Tensor]:
+    def target_count(self, batch) -> Optional[int]:
+        """None: CenterPoint's loss normalises itself (per batch); the trainer averages it."""
+        return None
+
+    def loss(self, model, batch, device, normalizer: Optional[float] = None) -> Dict[str, torch.Tensor]:
+        if normalizer is not None:
+            raise ValueError("the detection loss normalises itself; it takes no normalizer")
         outputs = self.forward(model, batch, device)
         core = model.module if hasattr(model, "module") else model
         losses = core.loss(outputs, [b.to(device) for b in _per_sample(batch["boxes"])],
@@ -142,6 +159,12 @@ class DetectionTask:
     @staticmethod
     def summary(result: Dict[str, object]) -> Dict[str, float]:
         return {"map": result["map"]}
+
+
+def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor, normalizer: Optional[float]) -> torch.Tensor:
+    if normalizer is None:
+        return TF.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX)
+    return TF.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum") / normalizer
 
 
 def _per_sample(value) -> List[torch.Tensor]:
