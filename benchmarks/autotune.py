@@ -13,7 +13,7 @@ Workloads (float32, batch 1, torch's thread count unless --threads):
 Per (model, mode): torchsparse_pp.tune.tune(): every config timed uniformly, the fastest as the
 start, then greedy per group (--repeats timed passes per trial, default 2, after --warmup 1; a
 slot's choices round-robin; min_gain 5 %; a group's gain capped at its own time), then the final
-check: the default config (ConvConfig(): gather_scatter), every design-space config applied
+check: the default config (the per-device default; fetch_on_demand on the CPU), every design-space config applied
 uniformly and the greedy assignment, timed round-robin for --final-rounds rounds (default 5) in
 one run, each timed pass on fresh tensors (kernel maps built inside). Reported: median and
 [min, max] per contender, speedup vs default, tuned vs the best uniform config. Training mode
