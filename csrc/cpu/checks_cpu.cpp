@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -179,9 +181,29 @@ int64_t read_number(const char* file, const std::string& key) {
   return -1;
 }
 
-}  // namespace
+// TSPP_MEMORY_LIMIT_BYTES (a byte count) caps the memory available to the checks below (a
+// test hook, also a way to make a job fail fast well below the machine's memory); -1 when unset.
+int64_t memory_limit_override() {
+  const char* text = std::getenv("TSPP_MEMORY_LIMIT_BYTES");
+  if (text == nullptr || *text == '\0') return -1;
+  bool digits = std::strlen(text) <= 18;
+  for (const char* c = text; *c != '\0'; ++c) digits = digits && *c >= '0' && *c <= '9';
+  TORCH_CHECK(digits, "TSPP_MEMORY_LIMIT_BYTES must be a number of bytes (digits only, at most 18), got '",
+              text, "'");
+  return std::strtoll(text, nullptr, 10);
+}
 
-int64_t available_memory_bytes() {
+// Below this size the checks do not read /proc (every map build would pay for it), unless
+// TSPP_MEMORY_LIMIT_BYTES is set.
+constexpr int64_t kUncheckedBytes = int64_t(64) << 20;
+
+std::string format_bytes(int64_t bytes) {
+  char text[96];
+  std::snprintf(text, sizeof(text), "%.2f GiB (%lld bytes)", bytes / 1073741824.0, static_cast<long long>(bytes));
+  return text;
+}
+
+int64_t measured_available_bytes() {
   int64_t available = read_number("/proc/meminfo", "MemAvailable:");
   if (available >= 0) available *= 1024;  // kB
   if (available < 0) {
@@ -198,13 +220,24 @@ int64_t available_memory_bytes() {
   return available;
 }
 
+}  // namespace
+
+int64_t available_memory_bytes() {
+  const int64_t measured = measured_available_bytes(), cap = memory_limit_override();
+  if (cap < 0) return measured;
+  return measured < 0 ? cap : std::min(measured, cap);
+}
+
 void check_memory(int64_t bytes, const std::string& what) {
-  const int64_t available = available_memory_bytes();
+  const int64_t cap = memory_limit_override();
+  if (cap < 0 && bytes < kUncheckedBytes) return;
+  const int64_t measured = measured_available_bytes();
+  const bool capped = cap >= 0 && (measured < 0 || cap <= measured);
+  const int64_t available = capped ? cap : measured;
   if (available < 0 || bytes <= available) return;
-  char text[128];
-  std::snprintf(text, sizeof(text), "%.2f GiB, but only %.2f GiB are available", bytes / 1073741824.0,
-                available / 1073741824.0);
-  TORCH_CHECK(false, what, " needs ", text, " (MemAvailable and the cgroup limit): refused before allocating");
+  TORCH_CHECK(false, what, " needs ", format_bytes(bytes), ", but only ", format_bytes(available),
+              " are available (", capped ? "TSPP_MEMORY_LIMIT_BYTES" : "MemAvailable and the cgroup limit",
+              "): refused before allocating");
 }
 
 }  // namespace torchsparse_pp

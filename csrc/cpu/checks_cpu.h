@@ -31,12 +31,14 @@ void check_pairs_sorted_by_dst(const at::Tensor& dst_idx, const at::Tensor& offs
 void check_table(const at::Tensor& table, int64_t num_rows, int64_t K, int64_t num_src);
 
 // Memory this process may still use: MemAvailable (/proc/meminfo), capped by the cgroup's
-// limit; -1 when neither can be read.
+// limit and by TSPP_MEMORY_LIMIT_BYTES when set (a byte count; a test hook, documented in
+// docs/bad_inputs.md); -1 when none can be read.
 int64_t available_memory_bytes();
 
 // Raises before an allocation of `bytes` that cannot fit in the available memory (the
 // allocation would fail later, or the OOM killer would end the process); `what` says what
-// needs it and why that much.
+// needs it and why that much. Sizes under 64 MiB are not checked (no /proc read) unless
+// TSPP_MEMORY_LIMIT_BYTES is set. torchsparse_pp/kmap/torch_ops.py mirrors both.
 void check_memory(int64_t bytes, const std::string& what);
 
 }  // namespace torchsparse_pp

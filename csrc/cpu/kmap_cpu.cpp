@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <string>
 #include <vector>
 
+#include "checks_cpu.h"
 #include "hash_cpu.h"
 #include "kmap_common.h"
 
@@ -119,6 +121,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cpu(
     }
   }
   off[K] = total;
+  check_memory(total * 8, "the kernel map's pair lists (" + std::to_string(total) + " (input, output) pairs over " +
+                              std::to_string(K) + " kernel offsets, int32)");
   auto in_idx = at::empty({total}, out_in.options());
   auto out_idx = at::empty({total}, out_in.options());
   int32_t* ii = in_idx.data_ptr<int32_t>();

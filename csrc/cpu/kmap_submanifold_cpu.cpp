@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <string>
 #include <vector>
 
+#include "checks_cpu.h"
 #include "hash_cpu.h"
 #include "kmap_common.h"
 
@@ -35,6 +37,10 @@ at::Tensor kmap_submanifold_cpu(const at::Tensor& coords_in, at::IntArrayRef ker
   const int64_t unit[3] = {1, 1, 1};
   const auto g = make_geometry(kernel_size, unit, dilation, padding);
   const int64_t n = coords.size(0), K = g.volume();
+  // The table, and the sorted keys and rows (twice while sorting).
+  check_memory(padded_rows(n, pad_rows_to) * K * 4 + n * 24,
+               "the submanifold kernel map (" + std::to_string(n) + " rows x " + std::to_string(K) +
+                   " kernel offsets, int32)");
   const auto [keys, rows] = sort_coords_checked(coords);
 
   auto out_in = at::full({padded_rows(n, pad_rows_to), K}, -1, coords.options());

@@ -12,6 +12,7 @@ the same first problem), before anything large is allocated: row counts past 2^3
 dilation or padding past 2^20, inputs outside the packable range or repeated.
 """
 import operator
+import os
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -32,6 +33,9 @@ SEARCH_BLOCK = 1 << 24
 # Bytes per (kernel tap, input) while strided / generative candidates are formed: int64 keys,
 # the validity masks, the nonzero indices and the selected keys, rows and offsets.
 CANDIDATE_BYTES = 48
+# Bytes per pair while the pair lists are formed: the int64 (offset, row) indices of nonzero and
+# the int32 in / out rows.
+PAIR_BYTES = 24
 
 RANGE_TEXT = f"batch in [0, {BATCH_MAX}], x/y/z in [{SPATIAL_MIN}, {SPATIAL_MAX}]"
 UNIQUE_HINT = (": the coordinates of a SparseTensor must be unique "
@@ -43,9 +47,24 @@ def _check(condition: bool, message: str) -> None:
         raise RuntimeError(message)
 
 
-def _available_memory(device: torch.device) -> int:
-    """Bytes this process may still allocate on ``device`` (CPU: MemAvailable capped by the cgroup
-    limit, as csrc/cpu/checks_cpu.cpp reads them); -1 when unknown."""
+MEMORY_LIMIT_VARIABLE = "TSPP_MEMORY_LIMIT_BYTES"
+# Below this size the memory checks read nothing (no /proc read per map build), unless
+# TSPP_MEMORY_LIMIT_BYTES is set: as check_memory in csrc/cpu/checks_cpu.cpp.
+UNCHECKED_BYTES = 64 << 20
+
+
+def _memory_limit_override() -> int:
+    """TSPP_MEMORY_LIMIT_BYTES as a byte count (a test hook, also a way to make a job fail fast
+    below the machine's memory); -1 when unset. Read by the native checks alike."""
+    text = os.environ.get(MEMORY_LIMIT_VARIABLE, "")
+    if text == "":
+        return -1
+    _check(len(text) <= 18 and all("0" <= ch <= "9" for ch in text),
+           f"{MEMORY_LIMIT_VARIABLE} must be a number of bytes (digits only, at most 18), got '{text}'")
+    return int(text)
+
+
+def _measured_available_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     if device.type != "cpu":
@@ -71,12 +90,38 @@ def _available_memory(device: torch.device) -> int:
     return available
 
 
+def _available_memory(device: torch.device) -> int:
+    """Bytes this process may still allocate on ``device`` (CPU: MemAvailable capped by the cgroup
+    limit, as csrc/cpu/checks_cpu.cpp reads them; CUDA: the free device memory), capped by
+    TSPP_MEMORY_LIMIT_BYTES when set; -1 when unknown."""
+    measured, cap = _measured_available_memory(device), _memory_limit_override()
+    if cap < 0:
+        return measured
+    return cap if measured < 0 else min(measured, cap)
+
+
+def _format_bytes(n: int) -> str:
+    return f"{n / 2 ** 30:.2f} GiB ({n} bytes)"
+
+
+def _memory_checked(bytes_at_most: int) -> bool:
+    """Whether an allocation of up to ``bytes_at_most`` is checked at all."""
+    return bytes_at_most >= UNCHECKED_BYTES or _memory_limit_override() >= 0
+
+
 def _check_memory(needed: int, what: str, device: torch.device) -> None:
     """RuntimeError before an allocation that cannot fit (the compiled ops' check_memory)."""
-    available = _available_memory(device)
+    cap = _memory_limit_override()
+    if cap < 0 and needed < UNCHECKED_BYTES:
+        return
+    measured = _measured_available_memory(device)
+    capped = cap >= 0 and (measured < 0 or cap <= measured)
+    available = cap if capped else measured
     if 0 <= available < needed:
-        raise RuntimeError(f"{what} needs {needed / 2 ** 30:.2f} GiB, but only {available / 2 ** 30:.2f} GiB are "
-                           "available (MemAvailable and the cgroup limit): refused before allocating")
+        source = MEMORY_LIMIT_VARIABLE if capped else (
+            "the free device memory" if device.type == "cuda" else "MemAvailable and the cgroup limit")
+        raise RuntimeError(f"{what} needs {_format_bytes(needed)}, but only {_format_bytes(available)} are "
+                           f"available ({source}): refused before allocating")
 
 
 # --- arguments -----------------------------------------------------------------------------------
@@ -299,6 +344,9 @@ def kmap_submanifold(coords: torch.Tensor, kernel_size: Sequence[int], dilation:
     coords = _checked_coords(coords, "coords")
     g = _Geometry(kernel_size, (1, 1, 1), dilation, padding)
     n, K = coords.shape[0], g.volume
+    # The table, the search table (as large again) and the sorted keys and rows.
+    _check_memory(_padded_rows(n, pad_rows_to) * K * 4 + (n * K + 1) * 4 + n * 24,
+                  f"the submanifold kernel map ({n} rows x {K} kernel offsets, int32)", coords.device)
     keys, rows = _sorted_unique_keys(coords)
     out_in = torch.full((_padded_rows(n, pad_rows_to), K), -1, dtype=torch.int32, device=coords.device)
     if n == 0:
@@ -431,6 +479,10 @@ def kmap_pairs(out_in: torch.Tensor, num_in: int, num_out: int
     if num_out > 0 and K > 0:
         _check(not bool(head.max() >= num_in), f"out_in holds input rows >= num_in ({num_in})")
     present = (head >= 0).t()  # [K, num_out]: nonzero walks offsets, then rows
+    if _memory_checked(K * num_out * PAIR_BYTES):
+        total = int(present.sum())
+        _check_memory(total * PAIR_BYTES, f"the kernel map's pair lists ({total} (input, output) pairs over {K} "
+                      "kernel offsets, int32)", device)
     k, r = torch.nonzero(present).unbind(1)
     in_idx = head[r, k]
     out_idx = r.to(torch.int32)

@@ -55,6 +55,8 @@ def _cast_operands(feats: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
                             f"{[str(d) for d in supported]}, got {feats.dtype}")
     if weight.dtype != feats.dtype:
         raise TypeError(f"weight dtype {weight.dtype} does not match input dtype {feats.dtype}")
+    if bias is not None and bias.dtype != feats.dtype:  # else out + bias would promote the output
+        raise TypeError(f"bias dtype {bias.dtype} does not match input dtype {feats.dtype}")
     return feats, weight, bias
 
 

@@ -1,9 +1,11 @@
 """Conversions between SparseTensor and dense ``[B, C, X, Y, Z]`` tensors (differentiable)."""
+import math
 from typing import Optional, Sequence
 
 import torch
 
 from ...kmap.geometry import IntOr3, triple
+from ...kmap.torch_ops import _check_memory
 from ...tensor import SparseTensor
 
 
@@ -29,6 +31,11 @@ def to_dense(input: SparseTensor, spatial_range: Optional[Sequence[int]] = None,
     batch = hi[0] + 1 if batch_size is None else int(batch_size)
     if hi[0] >= batch:
         raise ValueError(f"batch index {hi[0]} does not fit batch_size {batch}")
+    grid = [batch, input.num_channels, *size]
+    # The zero grid, its filled copy (index_put) and the permuted result.
+    _check_memory(3 * math.prod(grid) * input.F.element_size(), f"dense(): the [B, C, X, Y, Z] grid {grid} of "
+                  f"{str(input.F.dtype).replace('torch.', '')} (three copies while it is filled and permuted)",
+                  input.F.device)
     out = input.F.new_zeros(batch, *size, input.num_channels)
     out = out.index_put((coords[:, 0], coords[:, 1], coords[:, 2], coords[:, 3]), input.F)
     return out.permute(0, 4, 1, 2, 3).contiguous()

@@ -52,9 +52,11 @@ def _batch_index(input: SparseTensor) -> torch.Tensor:
 
 def global_avg_pool(input: SparseTensor) -> torch.Tensor:
     """``[B, C]`` mean of each sample's features (B = the largest batch index + 1)."""
-    return ops.segment_mean(input.F, _batch_index(input))
+    batch = _batch_index(input)  # checks the input's type first
+    return ops.segment_mean(input.F, batch)
 
 
 def global_max_pool(input: SparseTensor) -> torch.Tensor:
     """``[B, C]`` per-channel max of each sample's features."""
-    return ops.segment_max(input.F, _batch_index(input))
+    batch = _batch_index(input)  # checks the input's type first
+    return ops.segment_max(input.F, batch)

@@ -1,5 +1,6 @@
 """Conv3d module."""
 import math
+import numbers
 from typing import Optional, Tuple, Union
 
 import torch
@@ -29,6 +30,10 @@ class Conv3d(nn.Module):
                  bias: bool = False, transposed: bool = False, generative: bool = False,
                  downsample_mode: str = "spconv", config: Optional[ConfigLike] = None):
         super().__init__()
+        for name, value in (("in_channels", in_channels), ("out_channels", out_channels)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+        in_channels, out_channels = int(in_channels), int(out_channels)
         if in_channels < 1 or out_channels < 1:
             raise ValueError(f"channel counts must be positive, got {in_channels} -> {out_channels}")
         if generative and not transposed:
