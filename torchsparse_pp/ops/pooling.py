@@ -53,6 +53,12 @@ def _pairs_max_backward(ctx, grad_out, _grad_argmax):
 pool_pairs_max.register_autograd(_pairs_max_backward, setup_context=_pairs_max_setup)
 
 
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Means sum in float32 or better (a bfloat16 / float16 sum of many rows loses digits) and
+    return the input's dtype."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _pair_counts(out_idx: torch.Tensor, num_out: int, dtype: torch.dtype) -> torch.Tensor:
     ones = torch.ones(out_idx.shape[0], dtype=dtype, device=out_idx.device)
     return torch.zeros(num_out, dtype=dtype, device=out_idx.device).index_add_(0, out_idx.long(), ones).clamp(min=1)
@@ -62,9 +68,9 @@ def _pair_counts(out_idx: torch.Tensor, num_out: int, dtype: torch.dtype) -> tor
 def pool_pairs_mean(feats: torch.Tensor, in_idx: torch.Tensor, out_idx: torch.Tensor, num_out: int) -> torch.Tensor:
     """``out [num_out, C]``: per channel, the mean of feats over each output's pairs (absent
     neighbours do not count; 0 where an output has no pair)."""
-    dst = out_idx.long()
-    sums = feats.new_zeros(num_out, feats.shape[1]).index_add_(0, dst, feats[in_idx.long()])
-    return sums / _pair_counts(out_idx, num_out, feats.dtype)[:, None]
+    dst, compute = out_idx.long(), _accumulation_dtype(feats.dtype)
+    sums = feats.new_zeros(num_out, feats.shape[1], dtype=compute).index_add_(0, dst, feats[in_idx.long()].to(compute))
+    return (sums / _pair_counts(out_idx, num_out, compute)[:, None]).to(feats.dtype)
 
 
 @pool_pairs_mean.register_fake
@@ -80,9 +86,11 @@ def _pairs_mean_setup(ctx, inputs, output):
 
 def _pairs_mean_backward(ctx, grad_out):
     in_idx, out_idx = ctx.saved_tensors
-    scaled = grad_out / _pair_counts(out_idx, ctx.num_out, grad_out.dtype)[:, None]
-    grad_in = grad_out.new_zeros(ctx.num_in, grad_out.shape[1]).index_add_(0, in_idx.long(), scaled[out_idx.long()])
-    return grad_in, None, None, None
+    compute = _accumulation_dtype(grad_out.dtype)
+    scaled = grad_out.to(compute) / _pair_counts(out_idx, ctx.num_out, compute)[:, None]
+    grad_in = grad_out.new_zeros(ctx.num_in, grad_out.shape[1], dtype=compute).index_add_(
+        0, in_idx.long(), scaled[out_idx.long()])
+    return grad_in.to(grad_out.dtype), None, None, None
 
 
 pool_pairs_mean.register_autograd(_pairs_mean_backward, setup_context=_pairs_mean_setup)
@@ -102,9 +110,9 @@ def segment_counts(batch: torch.Tensor, size: int, dtype: torch.dtype) -> torch.
 @torch.library.custom_op(f"{_NS}::segment_mean", mutates_args=())
 def segment_mean(feats: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
     """``[B, C]``: the mean of the rows of each batch index (int64 ``batch``)."""
-    size = num_segments(batch)
-    sums = feats.new_zeros(size, feats.shape[1]).index_add_(0, batch, feats)
-    return sums / segment_counts(batch, size, feats.dtype).clamp(min=1)[:, None]
+    size, compute = num_segments(batch), _accumulation_dtype(feats.dtype)
+    sums = feats.new_zeros(size, feats.shape[1], dtype=compute).index_add_(0, batch, feats.to(compute))
+    return (sums / segment_counts(batch, size, compute).clamp(min=1)[:, None]).to(feats.dtype)
 
 
 @segment_mean.register_fake
@@ -120,8 +128,9 @@ def _segment_mean_backward(ctx, grad_out):
     (batch,) = ctx.saved_tensors
     # Counts shaped after grad_out (zeros_like, not a size read): under AOT autograd B is an
     # unbacked size of the forward, which the backward graph may not take as an int input.
-    counts = torch.zeros_like(grad_out[:, 0]).index_add_(0, batch, torch.ones_like(batch, dtype=grad_out.dtype))
-    return (grad_out / counts.clamp(min=1)[:, None])[batch], None
+    compute = _accumulation_dtype(grad_out.dtype)
+    counts = torch.zeros_like(grad_out[:, 0], dtype=compute).index_add_(0, batch, torch.ones_like(batch, dtype=compute))
+    return (grad_out.to(compute) / counts.clamp(min=1)[:, None])[batch].to(grad_out.dtype), None
 
 
 segment_mean.register_autograd(_segment_mean_backward, setup_context=_segment_mean_setup)
