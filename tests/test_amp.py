@@ -130,14 +130,17 @@ def test_every_layer_dtype_and_values_under_autocast(dtype, training):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
-def test_every_layer_dtype_under_autocast_compiled(dtype):
+@pytest.mark.parametrize("training", [False, True])
+def test_every_layer_dtype_under_autocast_compiled(dtype, training):
     """The fake kernels and the traced casts give the eager dtypes (and values) under compile."""
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     layers = Layers().eval()
+    for name, child in layers.named_children():
+        child.train(training and name != "fused")
     x = layers_input(gen, dtype)
-    compiled = torch.compile(layers, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(copy.deepcopy(layers), fullgraph=True, backend="aot_eager")
     with torch.no_grad(), autocast():
         eager = layers(tsp.SparseTensor(x.F, x.C))
         got = compiled(tsp.SparseTensor(x.F, x.C))
