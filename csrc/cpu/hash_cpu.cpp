@@ -6,6 +6,7 @@
 #include <string>
 
 #include "hash_cpu.h"
+#include "kmap_common.h"
 
 namespace torchsparse_pp {
 
@@ -40,6 +41,7 @@ at::Tensor checked_coords(const at::Tensor& coords, const char* name) {
   TORCH_CHECK(coords.dim() == 2 && coords.size(1) == 4, name,
               " must have shape [N, 4] (batch, x, y, z), got ", coords.sizes());
   TORCH_CHECK(coords.device().is_cpu(), name, " must be on the CPU for this kernel");
+  check_rows(coords.size(0), name);  // before the copy: an expanded view past the limit would allocate first
   return coords.contiguous();
 }
 

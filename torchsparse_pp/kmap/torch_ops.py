@@ -175,6 +175,7 @@ def _checked_coords(coords: torch.Tensor, name: str) -> torch.Tensor:
     _check(coords.dtype == torch.int32, f"{name} must be int32 (batch, x, y, z), got {_dtype_name(coords.dtype)}")
     _check(coords.dim() == 2 and coords.shape[1] == 4,
            f"{name} must have shape [N, 4] (batch, x, y, z), got {list(coords.shape)}")
+    _check_rows(coords.shape[0], name)  # before the copy (as hash_cpu.cpp checked_coords)
     return coords.contiguous()
 
 
