@@ -5,9 +5,6 @@ or one that does not raise at all, fails.
 
 Each case builds random (seeded) but valid data and breaks one thing; the seed comes from the
 case id, so a failure reproduces."""
-import os
-import re
-import struct
 import zlib
 from pathlib import Path
 
@@ -15,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-import torchsparse_pp
 from torchsparse_pp import SparseTensor, ops
 from torchsparse_pp import nn as spnn
 from torchsparse_pp.io import read_bin, read_pcd, read_ply, read_points, write_points
