@@ -82,7 +82,7 @@ def centerpoint() -> Workload:
     model = VoxelResBackBone8x(config.point_features)
     randomise_batchnorm(model, seed=1)
     return Workload("CenterPoint backbone (Waymo grid)", model, x.C, x.F, list(config.sparse_shape),
-                    lambda out: out.F.square().mean())
+                    lambda out: out.square().mean())
 
 
 WORKLOADS = {"minkunet0.5": lambda: minkunet(0.5), "centerpoint": centerpoint, "minkunet1.0": lambda: minkunet(1.0)}
