@@ -92,7 +92,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cpu(
   const int32_t* m = out_in.data_ptr<int32_t>();
 
   // Fixed row chunks make the pair order (offset, then output row) independent of threads.
-  const int64_t chunk = std::max<int64_t>(1024, (num_out + 255) / 256);
+  const int64_t chunk = std::max<int64_t>(256, (num_out + 255) / 256);
   const int64_t num_chunks = (num_out + chunk - 1) / chunk;
   std::vector<int64_t> counts(num_chunks * K, 0);
   std::atomic<bool> in_range{true};

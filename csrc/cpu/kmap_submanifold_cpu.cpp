@@ -22,7 +22,6 @@ namespace torchsparse_pp {
 
 namespace {
 
-constexpr int64_t kMergeChunk = 4096;
 
 int64_t field(uint64_t key, int shift) {
   return static_cast<int64_t>((key >> shift) & 0xFFFF) + kSpatialMin;
@@ -62,9 +61,12 @@ at::Tensor kmap_submanifold_cpu(const at::Tensor& coords_in, at::IntArrayRef ker
         shifts[k] = {dx, dy, dz, dx * (int64_t(1) << 32) + dy * (int64_t(1) << 16) + dz};
       }
 
-  at::parallel_for(0, (n + kMergeChunk - 1) / kMergeChunk, 1, [&](int64_t cb, int64_t ce) {
+  // About 32 chunks whatever n is, so that small sets (the coarse levels of a U-Net) still
+  // split evenly over the threads (at most 4096 rows, at least 256, per chunk).
+  const int64_t merge_chunk = std::clamp<int64_t>((n + 31) / 32, 256, 4096);
+  at::parallel_for(0, (n + merge_chunk - 1) / merge_chunk, 1, [&](int64_t cb, int64_t ce) {
     for (int64_t chunk = cb; chunk < ce; ++chunk) {
-      const int64_t i0 = chunk * kMergeChunk, i1 = std::min(n, i0 + kMergeChunk);
+      const int64_t i0 = chunk * merge_chunk, i1 = std::min(n, i0 + merge_chunk);
       for (int64_t k = 0; k < merged; ++k) {
         const Shift sh = shifts[k];
         // Shifted keys below 0 (batch 0 at the low edge of the range) have no neighbour; they
