@@ -19,7 +19,9 @@ race-free setting; its >1-thread figures are RACY):
 - spconv 2.3.8 (ConvAlgo.Native; its CPU backward needs the get_current_stream patch of
   benchmarks/models.py).
 Before timing: each of ours' float32 outputs vs spconv's at 1 thread (rel. error < 1e-4; bf16
-variants < 5e-2) and the bf16 per-voxel argmax agreement with float32 (MinkUNet).
+variants < 5e-2) and the bf16 per-voxel argmax agreement with float32 (MinkUNet; with these random
+weights and BatchNorm statistics many voxels' top logits nearly tie, so this is a worst case: the
+agreement of a trained model, the issue's >= 99 % target, is a test, tests/test_bf16_agreement.py).
 
 Roofline: the network's conv MACs (every Conv3d: pairs x C_in x C_out, 1x1x1 convs N x C_in x
 C_out; counted on the timed input) at the rate of torch.mm on 2048 x 2048 matrices in the same
@@ -355,7 +357,8 @@ def print_report(report) -> None:
     for row in report["models"]:
         print(f"\n{row['model']}: {row['voxels']} voxels, {row['conv_macs'] / 1e9:.2f} GMAC of convs; "
               + ", ".join(f"{k} {v:.1e}" for k, v in row["correctness"]["output_rel_err"].items())
-              + (f"; bf16 argmax agreement {row['correctness']['bf16_argmax_agreement']:.4f}"
+              + (f"; bf16 argmax agreement {row['correctness']['bf16_argmax_agreement']:.4f} (random weights: "
+                 "near-tied logits; a trained model's: tests/test_bf16_agreement.py)"
                  if "bf16_argmax_agreement" in row["correctness"] else ""))
         for mode, times in row["timings"].items():
             roof = row["roofline_s"][mode]
