@@ -12,7 +12,8 @@ Contenders, each at --threads (default 2):
   backward graph; zero_grad and the SGD step stay eager in both contenders).
 Every timed call gets a fresh SparseTensor (made untimed), so kernel maps are built inside it, in
 the graph for the compiled contender. The first compiled call (tracing + code generation) is
-timed separately as "compile_s".
+timed separately as "compile_s"; inductor's on-disk caches (FX graph / C++ code caches) shorten
+it once warm: a cold first run on a 2-core machine takes minutes for a training graph.
 
 Before timing: compiled vs eager outputs (inference, eval mode) must agree to a relative error
 < 1e-4, and the training-step losses to < 1e-4, else the run stops.
@@ -161,7 +162,7 @@ def plot(results: Dict[str, Dict[str, dict]], path: str) -> None:
     labels, eager, compiled, ratios = [], [], [], []
     for name, modes in results.items():
         for mode, r in modes.items():
-            labels.append(f"{name}\n{mode}")
+            labels.append(f"{name.replace(' (', chr(10) + '(')}\n{mode}")
             eager.append(r["eager"]["median_s"] * 1e3)
             compiled.append(r["compiled"]["median_s"] * 1e3)
             ratios.append(r["ratio_compiled_over_eager"])
