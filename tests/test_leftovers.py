@@ -203,3 +203,13 @@ def test_kmap_downsample_checks_its_inputs(gen):
     same_error(r"^duplicate coordinate \(0, 7, 7, 7\) at rows \d+ and \d+: the coordinates of a SparseTensor "
                r"must be unique", "kmap_downsample", dup, [2, 2, 2], [2, 2, 2], [1, 1, 1], [0, 0, 0], "spconv",
                [2, 2, 2], 128)
+
+
+@pytest.mark.parametrize("op", ["pool_pairs_max", "pool_pairs_mean"])
+def test_pooling_ops_refuse_more_outputs_than_int32_addresses(op):
+    feats = torch.randn(5, 3)
+    pairs = torch.randint(0, 5, (7,), dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"num_out must be in \[0, 2\^31 - 1\]"):
+        getattr(torch.ops.torchsparse_pp, op)(feats, pairs, pairs, 1 << 31)
+    with pytest.raises(ValueError, match=r"num_out must be in"):
+        getattr(torch.ops.torchsparse_pp, op)(feats, pairs, pairs, -1)

@@ -9,6 +9,13 @@ fake kernels and autograd, so torch.compile / export see one node each and no ho
 import torch
 
 _NS = "torchsparse_pp"
+INT32_MAX = (1 << 31) - 1
+
+
+def _check_num_out(num_out: int) -> None:
+    """Pair indices are int32: more outputs cannot be addressed (refused before allocating)."""
+    if not 0 <= num_out <= INT32_MAX:
+        raise ValueError(f"num_out must be in [0, 2^31 - 1] (pair indices are int32), got {num_out}")
 
 
 @torch.library.custom_op(f"{_NS}::pool_pairs_max", mutates_args=())
@@ -17,6 +24,7 @@ def pool_pairs_max(feats: torch.Tensor, in_idx: torch.Tensor, out_idx: torch.Ten
     """``(out [num_out, C], argmax [num_out, C])``: per channel, the max of feats over each
     output's pairs and the input row that gives it (the first pair in pair order, i.e. the lowest
     offset, on ties; -1 and a 0 output where an output has no pair)."""
+    _check_num_out(num_out)
     channels, num_pairs = feats.shape[1], in_idx.shape[0]
     src, dst = in_idx.long(), out_idx.long()
     values = feats[src]
@@ -68,6 +76,7 @@ def _pair_counts(out_idx: torch.Tensor, num_out: int, dtype: torch.dtype) -> tor
 def pool_pairs_mean(feats: torch.Tensor, in_idx: torch.Tensor, out_idx: torch.Tensor, num_out: int) -> torch.Tensor:
     """``out [num_out, C]``: per channel, the mean of feats over each output's pairs (absent
     neighbours do not count; 0 where an output has no pair)."""
+    _check_num_out(num_out)
     dst, compute = out_idx.long(), _accumulation_dtype(feats.dtype)
     sums = feats.new_zeros(num_out, feats.shape[1], dtype=compute).index_add_(0, dst, feats[in_idx.long()].to(compute))
     return (sums / _pair_counts(out_idx, num_out, compute)[:, None]).to(feats.dtype)
