@@ -23,24 +23,9 @@ from torchsparse_pp.models import CenterPoint, CenterPointConfig, MinkUNet
 from torchsparse_pp.models.centerpoint import build_targets, voxelize
 from torchsparse_pp.models.centerpoint.loss import focal_heatmap_loss, regression_loss
 from conftest import fresh_seed, random_coords
+from model_helpers import randomise_norms, rel_err
 
 TRAINING_BACKEND = "inductor" if os.environ.get("TSPP_COMPILE_TEST_INDUCTOR_TRAINING") == "1" else "aot_eager"
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
-
-
-def randomise_norms(module: torch.nn.Module, gen: torch.Generator) -> None:
-    """Random running statistics and affine parameters, so eval-mode norms are not identities."""
-    with torch.no_grad():
-        for m in module.modules():
-            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-                m.running_mean.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
-                m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-                m.weight.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-                m.bias.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
 
 
 @pytest.fixture(autouse=True)

@@ -12,24 +12,10 @@ import torch
 import torchsparse_pp as tsp
 from torchsparse_pp.models import MinkUNet
 from conftest import fresh_seed, random_coords
+from model_helpers import randomise_norms, rel_err
 
 DOCS = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "compile.md")
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
-
-
-def randomise_norms(module: torch.nn.Module, gen: torch.Generator) -> None:
-    with torch.no_grad():
-        for m in module.modules():
-            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-                m.running_mean.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
-                m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-                m.weight.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-                m.bias.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
 
 
 class OnTensors(torch.nn.Module):

@@ -18,22 +18,7 @@ from torchsparse_pp.models.centerpoint.head import REGRESSION_BRANCHES
 from torchsparse_pp.utils import sparse_quantize
 from conftest import fresh_seed, lidar_coords
 from oracle import dense_weight
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
-
-
-def randomise_norms(module: torch.nn.Module, gen: torch.Generator) -> None:
-    """Random running statistics and affine parameters, so eval-mode norms are not identities."""
-    with torch.no_grad():
-        for m in module.modules():
-            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-                m.running_mean.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
-                m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-                m.weight.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-                m.bias.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
+from model_helpers import randomise_norms, rel_err
 
 
 # --------------------------------------------------------------------------------------------
