@@ -182,6 +182,24 @@ def test_generative_maps_and_views(geometry, generator, seed):
                 check_views(out_in, fine.shape[0], coords.shape[0], SOME_PLANS, what=f"generative {name}")
 
 
+def test_every_small_strided_geometry(generator):
+    """Every kernel 1-4 x stride 1-3 x dilation 1-3 x padding 0-2 (one axis each, so one- and
+    multi-tap residues mix: the native builder has a one-candidate fast path for geometries
+    where every residue of every axis has one tap, e.g. k2 s2, and not for k2 s2 d2)."""
+    coords = random_coords(generator, 400, batch=2, low=-9, high=9)
+    coords = coords[torch.randperm(coords.shape[0], generator=generator)].contiguous()
+    for k in range(1, 5):
+        for s in range(1, 4):
+            for d in range(1, 4):
+                for pad in range(3):
+                    for geometry in (ConvGeometry.make(k, stride=s, dilation=d, padding=pad),
+                                     ConvGeometry.make((k, 2, 2), stride=(s, 2, 2), dilation=(d, 1, 3),
+                                                       padding=(pad, 0, 1))):
+                        for mode in ("spconv", "minkowski"):
+                            check("kmap_downsample", coords, *geometry.args(), mode, None, 16, what=f"{geometry} {mode}")
+                        check("kmap_downsample", coords, *geometry.args(), "spconv", [7, 9, 11], 16, what=f"{geometry}")
+
+
 def test_out_range_clips_like_native(generator):
     coords = random_coords(generator, 1500, batch=3, low=0, high=12)
     coords = coords[torch.randperm(coords.shape[0], generator=generator)].contiguous()

@@ -57,6 +57,18 @@ struct AxisRule {
         }
     }
     first[s] = static_cast<int64_t>(taps.size());
+    single = true;  // every residue has exactly one tap
+    for (int64_t r = 0; r < s; ++r) single = single && first[r + 1] - first[r] == 1;
+  }
+
+  bool single = false;  // kReadBy with one tap per residue (kernel == stride, e.g. k2 s2)
+
+  // The one (coordinate, tap) p reaches when `single`; false if it is outside the range.
+  bool reach_one(int64_t p, int64_t& coord, int64_t& tap) const {
+    const int64_t base = divide(p + pad), r = p + pad - base * s;
+    coord = base - behind[r];
+    tap = taps[r];
+    return range < 0 || (coord >= 0 && coord < range);
   }
 
   // floor(x / s): an arithmetic shift for power-of-two strides (a division costs ~30 cycles,
@@ -119,16 +131,51 @@ struct Rules {
   }
 };
 
-// Candidates (key, row * K + offset) of every input, sorted by key.
+// Candidates (key, row << 32 | offset) of every input, sorted by key (shifts, not a division
+// by K, take the payload apart: the division was a large share of a k2 s2 map's build).
 struct Candidates {
   std::vector<uint64_t> keys, payload;
 };
 
+// Geometries where each input reaches at most one output (one tap per residue on every axis):
+// one pass writes each input's candidate in its own slot, kEmptyKey where it reaches nothing
+// (it sorts last and matches nothing), with no counting pass and no per-tap loops.
+Candidates collect_single(const int32_t* c, int64_t n, const Rules& rules, int64_t K, bool strict) {
+  check_memory(n * kCandidateBytes, "the kernel map's candidate list (" + std::to_string(n) + " inputs)");
+  Candidates out{std::vector<uint64_t>(n), std::vector<uint64_t>(n)};
+  std::atomic<int64_t> bad_row{kNoRow};
+  at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int32_t* row = c + 4 * i;
+      int64_t qx = 0, qy = 0, qz = 0, tx = 0, ty = 0, tz = 0;
+      int64_t key = kEmptyKey;
+      if (rules.axis[0].reach_one(row[1], qx, tx) && rules.axis[1].reach_one(row[2], qy, ty) &&
+          rules.axis[2].reach_one(row[3], qz, tz)) {
+        if (coord_in_range(row[0], qx, qy, qz))
+          key = pack_coord(row[0], qx, qy, qz);
+        else if (strict)
+          atomic_min(bad_row, i);
+      }
+      out.keys[i] = static_cast<uint64_t>(key);
+      out.payload[i] = (static_cast<uint64_t>(i) << 32) |
+                       static_cast<uint64_t>((tx * rules.ky + ty) * rules.kz + tz);
+    }
+  });
+  TORCH_CHECK(bad_row.load() == kNoRow, "input row ", bad_row.load(),
+              " produces an output coordinate outside the supported range: batch in [0, ",
+              kBatchMax, "], x/y/z in [", kSpatialMin, ", ", kSpatialMax, "]");
+  radix_sort(out.keys, &out.payload);
+  return out;
+}
+
 // With `strict`, a key outside the packable range is an error (it would be a new coordinate);
 // otherwise such candidates are dropped (they cannot match an existing coordinate).
 Candidates collect(const at::Tensor& coords, const Rules& rules, int64_t K, bool strict) {
+  TORCH_CHECK(K <= std::numeric_limits<uint32_t>::max(), "a kernel of ", K, " offsets is not supported");
   const int64_t n = coords.size(0);
   const int32_t* c = coords.data_ptr<int32_t>();
+  if (rules.axis[0].single && rules.axis[1].single && rules.axis[2].single)
+    return collect_single(c, n, rules, K, strict);
   std::vector<int64_t> start(n + 1, 0);
   at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
@@ -147,7 +194,7 @@ Candidates collect(const at::Tensor& coords, const Rules& rules, int64_t K, bool
       rules.for_each(c + 4 * i, [&](int64_t key, int64_t k) {
         if (key == kEmptyKey && strict) atomic_min(bad_row, i);
         out.keys[pos] = static_cast<uint64_t>(key);  // kEmptyKey sorts last and never matches
-        out.payload[pos++] = static_cast<uint64_t>(i * K + k);
+        out.payload[pos++] = (static_cast<uint64_t>(i) << 32) | static_cast<uint64_t>(k);
       });
     }
   });
@@ -171,14 +218,14 @@ at::Tensor coords_of(const std::vector<uint64_t>& keys, const at::TensorOptions&
 // Walks sorted candidates against the sorted unique keys they belong to, calling
 // fn(unique index, row, offset) for each candidate whose key is among `unique`.
 template <typename Fn>
-void join(const Candidates& cand, const std::vector<uint64_t>& unique, int64_t K, Fn&& fn) {
+void join(const Candidates& cand, const std::vector<uint64_t>& unique, Fn&& fn) {
   size_t u = 0;
   for (size_t i = 0; i < cand.keys.size(); ++i) {
     while (u < unique.size() && unique[u] < cand.keys[i]) ++u;
     if (u == unique.size()) break;
     if (unique[u] != cand.keys[i]) continue;
-    fn(static_cast<int64_t>(u), static_cast<int64_t>(cand.payload[i] / K),
-       static_cast<int64_t>(cand.payload[i] % K));
+    fn(static_cast<int64_t>(u), static_cast<int64_t>(cand.payload[i] >> 32),
+       static_cast<int64_t>(cand.payload[i] & 0xFFFFFFFFu));
   }
 }
 
@@ -222,7 +269,7 @@ std::tuple<at::Tensor, at::Tensor> kmap_downsample_cpu(const at::Tensor& coords_
   int32_t* m = out_in.data_ptr<int32_t>();
   // An (output, offset) cell determines its input coordinate: a second claim is a duplicate.
   int64_t dup_row = kNoRow;
-  join(reached, out_keys, K, [&](int64_t q, int64_t p, int64_t k) {
+  join(reached, out_keys, [&](int64_t q, int64_t p, int64_t k) {
     int32_t& cell = m[q * K + k];
     if (cell >= 0) dup_row = std::min<int64_t>(dup_row, std::max<int64_t>(p, cell));
     cell = static_cast<int32_t>(p);
@@ -254,7 +301,7 @@ std::tuple<at::Tensor, at::Tensor> kmap_generative_cpu(const at::Tensor& coords_
   // Rows are the coarse inputs of the transposed conv; entries index the fine set it writes.
   auto out_in = at::full({padded_rows(coords.size(0), pad_rows_to), K}, -1, coords.options());
   int32_t* m = out_in.data_ptr<int32_t>();
-  join(written, fine_keys, K, [&](int64_t f, int64_t p, int64_t k) { m[p * K + k] = static_cast<int32_t>(f); });
+  join(written, fine_keys, [&](int64_t f, int64_t p, int64_t k) { m[p * K + k] = static_cast<int32_t>(f); });
   return {fine_coords, out_in};
 }
 
