@@ -131,8 +131,7 @@ struct Rules {
   }
 };
 
-// Candidates (key, row << 32 | offset) of every input, sorted by key (shifts, not a division
-// by K, take the payload apart: the division was a large share of a k2 s2 map's build).
+// Candidates (key, row << 32 | offset) of every input, sorted by key.
 struct Candidates {
   std::vector<uint64_t> keys, payload;
 };
