@@ -6,6 +6,7 @@ ranks' points); GroupNorm / InstanceNorm are checked sample by sample against
 torch.nn.functional.group_norm / instance_norm on that sample's points alone.
 """
 import copy
+import gc
 import os
 import traceback
 from datetime import timedelta
@@ -271,6 +272,7 @@ def _sync_bn_worker(rank, init_file, payload, result_dir):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                                 world_size=WORLD, timeout=timedelta(seconds=60))
+        model = None
         try:
             bn = SyncBatchNorm(SYNC_CHANNELS, momentum=payload["momentum"]).double()
             bn.load_state_dict(payload["state"])
@@ -293,6 +295,11 @@ def _sync_bn_worker(rank, init_file, payload, result_dir):
                         "num_batches_tracked": int(bn.num_batches_tracked), "eval": evaluated},
                        result_path)
         finally:
+            # Drop the DDP wrapper (its reducer holds gloo work) before the group goes: a
+            # reducer finalised after the group at interpreter exit can abort the process.
+            del model
+            gc.collect()
+            dist.barrier()
             dist.destroy_process_group()
     except BaseException:
         with open(result_path + ".err", "w") as f:

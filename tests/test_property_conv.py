@@ -329,7 +329,7 @@ def test_dataflows_agree_with_each_other_in_float32(case):
     for name, (y, dfeats, dweight, _) in results.items():
         assert torch.equal(y.C, base[0].C)
         for what, got, want in (("forward", y.F, base[0].F), ("dgrad", dfeats, base[1]), ("wgrad", dweight, base[2])):
-            tol = 1e-5 * max(float(want.abs().max()), 1.0)
+            tol = 1e-5 * max(float(want.detach().abs().max()) if want.numel() else 0.0, 1.0)  # outputs may be empty
             assert torch.allclose(got, want, rtol=1e-5, atol=tol), f"{name} {what} differs from gather_scatter"
 
 
