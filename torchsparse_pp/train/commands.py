@@ -106,6 +106,7 @@ def run_train(args) -> int:
     else:
         overrides = _overrides(args) + ([f"train.run_dir={json.dumps(args.run_dir)}"] if args.run_dir else [])
         config = load_config(args.config, overrides)
+    trainer = None
     try:
         trainer = Trainer(config, resume=args.resume, force=args.force)
         main = trainer.dist.is_main
@@ -126,6 +127,7 @@ def run_train(args) -> int:
         if main:
             print(f"run directory: {trainer.run_dir} (last.pt, train.csv, eval.csv, eval.json)")
     finally:
+        del trainer  # before the process group (see cleanup)
         cleanup()
     return 0
 
@@ -169,6 +171,7 @@ def run_eval(args) -> int:
     config = config_from_dict(values)
     stored = state.get("config") or {}
     check_same_model(checkpoint, stored, config_to_dict(config), None, ())
+    trainer = None
     try:
         trainer = Trainer(config)
         check_same_model(checkpoint, stored, config_to_dict(config), state["extra"].get("class_names"),
@@ -187,6 +190,7 @@ def run_eval(args) -> int:
             print(format_results(result, trainer.task.class_names))
             print(f"wrote {out / 'eval.json'} and {out / 'config.yaml'}")
     finally:
+        del trainer  # before the process group (see cleanup)
         cleanup()
     return 0
 

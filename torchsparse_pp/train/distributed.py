@@ -1,6 +1,7 @@
 """torch.distributed for training: process-group setup from torchrun's environment (gloo on
 the CPU, nccl on CUDA), SyncBatchNorm conversion, the DistributedDataParallel wrapper, and
 result gathering."""
+import gc
 import inspect
 import os
 from dataclasses import dataclass
@@ -126,5 +127,8 @@ def gather_objects(items: List[Any]) -> List[Any]:
 
 
 def cleanup() -> None:
+    """Destroys the process group. Callers drop their DDP-wrapped models first: a reducer (it
+    holds gloo work) finalised after its group, at interpreter exit, can abort the process."""
     if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
