@@ -43,21 +43,13 @@ constexpr int kStaticSharedBudget = 44 * 1024;  // below the 48 KiB static limit
 
 // Forward kernels: A [M][K] gathered pair rows, B [K][N] weight slice, Out the stored type.
 template <typename T_, class Math_, int CTA_M_, int CTA_N_, int CTA_K_, bool WIDE_, typename Out_>
-struct ForwardConfig {
-  using T = T_;
-  using Math = Math_;
-  using Out = Out_;
-  static constexpr int kM = CTA_M_, kN = CTA_N_, kK = CTA_K_;
-  static constexpr bool kWide = WIDE_;
-  static constexpr int kThreads = Math::kThreads;
-  static constexpr int kLda = kK + pad_mk<T>();
-  static constexpr int kLdb = kN + pad_kn<T>();
-  static constexpr int kTileBytes = 2 * (kM * kLda + kK * kLdb) * int(sizeof(T));
+struct ForwardConfig : gemm::ForwardTile<T_, Math_, CTA_M_, CTA_N_, CTA_K_, WIDE_, Out_> {
+  using Tile = gemm::ForwardTile<T_, Math_, CTA_M_, CTA_N_, CTA_K_, WIDE_, Out_>;
+  static constexpr int kTileBytes = 2 * (Tile::kM * Tile::kLda + Tile::kK * Tile::kLdb) * int(sizeof(T_));
   // Offsets per window of the owned-rows kernel: a [window][CTA_M] table of source rows.
-  static constexpr int kWindowRaw = (kStaticSharedBudget - kTileBytes) / (kM * 4);
+  static constexpr int kWindowRaw = (kStaticSharedBudget - kTileBytes) / (Tile::kM * 4);
   static constexpr int kWindow = kWindowRaw > 32 ? 32 : (kWindowRaw < 1 ? 1 : kWindowRaw);
-  static_assert(kK % piece_elems<T>() == 0 && kN % piece_elems<T>() == 0, "pieces must not straddle tile rows");
-  static_assert(kThreads >= 32 && kWindow <= kThreads, "one window offset per thread");
+  static_assert(Tile::kThreads >= 32 && kWindow <= Tile::kThreads, "one window offset per thread");
 };
 
 template <class Cfg>
@@ -237,15 +229,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_owned_kernel(const Forw
 // Weight gradient: A [K][M] = feats rows of the step's pairs (input channels m0..), B [K][N] =
 // grad rows of the same pairs (output channels n0..).
 template <typename T_, class Math_, int CTA_M_, int CTA_N_, int CTA_K_, bool WIDE_>
-struct WgradConfig {
-  using T = T_;
-  using Math = Math_;
-  static constexpr int kM = CTA_M_, kN = CTA_N_, kK = CTA_K_;
-  static constexpr bool kWide = WIDE_;
-  static constexpr int kThreads = Math::kThreads;
-  static constexpr int kLda = kM + pad_kn<T>();
-  static constexpr int kLdb = kN + pad_kn<T>();
-};
+struct WgradConfig : gemm::WgradTile<T_, Math_, CTA_M_, CTA_N_, CTA_K_, WIDE_> {};  // named: ptxas_report groups by it
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) wgrad_kernel(const WgradParams p) {

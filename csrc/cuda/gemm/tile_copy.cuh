@@ -141,5 +141,35 @@ __device__ __forceinline__ int compact_block(bool keep, int value, int* list, in
   return count;
 }
 
+// Tile shapes and shared-memory strides both dataflows' kernels use.
+// Forward (and dgrad): A [M][K] gathered rows x input channels, B [K][N] weight slice.
+template <typename T_, class Math_, int CTA_M_, int CTA_N_, int CTA_K_, bool WIDE_, typename Out_>
+struct ForwardTile {
+  using T = T_;
+  using Math = Math_;
+  using Out = Out_;
+  static constexpr int kM = CTA_M_, kN = CTA_N_, kK = CTA_K_;
+  static constexpr bool kWide = WIDE_;
+  static constexpr int kThreads = Math::kThreads;
+  static constexpr int kPiece = piece_elems<T>();
+  static constexpr int kLda = kK + pad_mk<T>();
+  static constexpr int kLdb = kN + pad_kn<T>();
+  static_assert(kK % kPiece == 0 && kN % kPiece == 0, "pieces must not straddle tile rows");
+};
+
+// Weight gradient: A [K][M] rows x input channels, B [K][N] rows x output channels.
+template <typename T_, class Math_, int CTA_M_, int CTA_N_, int CTA_K_, bool WIDE_>
+struct WgradTile {
+  using T = T_;
+  using Math = Math_;
+  static constexpr int kM = CTA_M_, kN = CTA_N_, kK = CTA_K_;
+  static constexpr bool kWide = WIDE_;
+  static constexpr int kThreads = Math::kThreads;
+  static constexpr int kPiece = piece_elems<T>();
+  static constexpr int kLda = kM + pad_kn<T>();
+  static constexpr int kLdb = kN + pad_kn<T>();
+  static_assert(kM % kPiece == 0 && kN % kPiece == 0, "pieces must not straddle tile rows");
+};
+
 }  // namespace gemm
 }  // namespace torchsparse_pp

@@ -34,18 +34,8 @@ using gemm::run_double_buffered;
 using gemm::Simt;
 
 template <typename T_, class Math_, int CTA_M_, int CTA_N_, int CTA_K_, bool WIDE_, typename Out_>
-struct ForwardConfig {
-  using T = T_;
-  using Math = Math_;
-  using Out = Out_;
-  static constexpr int kM = CTA_M_, kN = CTA_N_, kK = CTA_K_;
-  static constexpr bool kWide = WIDE_;
-  static constexpr int kThreads = Math::kThreads;
-  static constexpr int kPiece = piece_elems<T>();
-  static constexpr int kLda = kK + pad_mk<T>();  // A: [M][K]
-  static constexpr int kLdb = kN + pad_kn<T>();  // B: [K][N]
-  static_assert(kK % kPiece == 0 && kN % kPiece == 0, "pieces must not straddle tile rows");
-  static_assert(kThreads >= 64, "one thread per offset of a 64-bit mask word");
+struct ForwardConfig : gemm::ForwardTile<T_, Math_, CTA_M_, CTA_N_, CTA_K_, WIDE_, Out_> {
+  static_assert(Math_::kThreads >= 64, "one thread per offset of a 64-bit mask word");
 };
 
 template <class Cfg>
@@ -137,17 +127,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) forward_kernel(const ForwardPar
 }
 
 template <typename T_, class Math_, int CTA_M_, int CTA_N_, int CTA_K_, bool WIDE_>
-struct WgradConfig {
-  using T = T_;
-  using Math = Math_;
-  static constexpr int kM = CTA_M_, kN = CTA_N_, kK = CTA_K_;
-  static constexpr bool kWide = WIDE_;
-  static constexpr int kThreads = Math::kThreads;
-  static constexpr int kPiece = piece_elems<T>();
-  static constexpr int kLda = kM + pad_kn<T>();  // A stored [K][M] (rows x input channels)
-  static constexpr int kLdb = kN + pad_kn<T>();  // B: [K][N] (rows x output channels)
-  static_assert(kM % kPiece == 0 && kN % kPiece == 0, "pieces must not straddle tile rows");
-};
+struct WgradConfig : gemm::WgradTile<T_, Math_, CTA_M_, CTA_N_, CTA_K_, WIDE_> {};  // named: ptxas_report groups by it
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) wgrad_kernel(const WgradParams p) {
