@@ -5,24 +5,13 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
-#include <cstdlib>
-#include <cstring>
+#include "cpu_features.h"
 
 namespace torchsparse_pp {
 
 namespace {
 
 #define TSPP_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-
-bool cpu_has_bf16_dot() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-#else
-  return false;
-#endif
-}
 
 // acc[m][v] += A-pair(m, p) . B-pairs(p, 16 v .. 16 v + 15) for every pair p: MR rows by NV
 // vectors of 16 columns; the last vector loads and stores under `tail`.
@@ -89,8 +78,7 @@ TSPP_BF16_TARGET void column_block(int64_t M, int64_t pairs, const uint32_t* A, 
 
 bool bf16_dot_available() {
   static const bool available = [] {
-    const char* off = std::getenv("TSPP_DISABLE_BF16_DOT");
-    return cpu_has_bf16_dot() && !(off != nullptr && std::strcmp(off, "1") == 0);
+    return cpu_has_avx512(/*bf16=*/true) && !disabled_by_env("TSPP_DISABLE_BF16_DOT");
   }();
   return available;
 }

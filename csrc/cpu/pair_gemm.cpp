@@ -5,10 +5,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "bf16_gemm.h"
+#include "cpu_features.h"
 
 namespace torchsparse_pp {
 
@@ -16,16 +15,6 @@ namespace {
 
 #define TSPP_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define TSPP_AVX512_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-
-bool cpu_has_avx512() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl");
-#else
-  return false;
-#endif
-}
 
 // Source rows of the next group are fetched while this group computes.
 template <typename T>
@@ -215,8 +204,7 @@ void pair_gemm_impl(int64_t count, const int32_t* src, const int32_t* dst, const
 
 bool pair_gemm_available() {
   static const bool available = [] {
-    const char* off = std::getenv("TSPP_DISABLE_PAIR_KERNEL");
-    return cpu_has_avx512() && !(off != nullptr && std::strcmp(off, "1") == 0);
+    return cpu_has_avx512(/*bf16=*/false) && !disabled_by_env("TSPP_DISABLE_PAIR_KERNEL");
   }();
   return available;
 }

@@ -1,0 +1,28 @@
+// Run-time CPU checks for the kernels compiled with their own target attributes, and the
+// environment switches that turn such a kernel off (for tests and comparisons).
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+
+namespace torchsparse_pp {
+
+// AVX-512 F / BW / VL, and with `bf16` also AVX512-BF16 (vdpbf16ps).
+inline bool cpu_has_avx512(bool bf16) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && (!bf16 || __builtin_cpu_supports("avx512bf16"));
+#else
+  (void)bf16;
+  return false;
+#endif
+}
+
+// True when the environment variable `name` is "1".
+inline bool disabled_by_env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
+}  // namespace torchsparse_pp
