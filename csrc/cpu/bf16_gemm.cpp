@@ -11,12 +11,10 @@ namespace torchsparse_pp {
 
 namespace {
 
-#define TSPP_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-
 // acc[m][v] += A-pair(m, p) . B-pairs(p, 16 v .. 16 v + 15) for every pair p: MR rows by NV
 // vectors of 16 columns; the last vector loads and stores under `tail`.
 template <int MR, int NV>
-TSPP_BF16_TARGET void micro_kernel(int64_t pairs, const uint32_t* A, int64_t row_stride, int64_t pair_stride,
+TSPP_AVX512_BF16_TARGET void micro_kernel(int64_t pairs, const uint32_t* A, int64_t row_stride, int64_t pair_stride,
                                    const uint32_t* B, int64_t N, float* C, int64_t ldc, __mmask16 tail, bool accumulate) {
   // Fully unrolled so that the accumulators live in registers (GCC keeps a partly indexed
   // array of vectors on the stack).
@@ -52,7 +50,7 @@ TSPP_BF16_TARGET void micro_kernel(int64_t pairs, const uint32_t* A, int64_t row
 // Rows of one column block in steps of MR (at most 24 accumulators), the remainder by a
 // narrower instantiation.
 template <int NV>
-TSPP_BF16_TARGET void column_block(int64_t M, int64_t pairs, const uint32_t* A, int64_t row_stride,
+TSPP_AVX512_BF16_TARGET void column_block(int64_t M, int64_t pairs, const uint32_t* A, int64_t row_stride,
                                    int64_t pair_stride, const uint32_t* B, int64_t N, float* C, int64_t ldc,
                                    __mmask16 tail, bool accumulate) {
   constexpr int MR = NV <= 2 ? 8 : 6;

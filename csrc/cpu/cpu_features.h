@@ -5,6 +5,11 @@
 #include <cstdlib>
 #include <cstring>
 
+// Target attributes of the hand-vectorised kernels (the extension itself is built for the
+// x86-64 baseline); such a kernel runs only after cpu_has_avx512 said yes.
+#define TSPP_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define TSPP_AVX512_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
 namespace torchsparse_pp {
 
 // AVX-512 F / BW / VL, and with `bf16` also AVX512-BF16 (vdpbf16ps).

@@ -13,9 +13,6 @@ namespace torchsparse_pp {
 
 namespace {
 
-#define TSPP_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
-#define TSPP_AVX512_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-
 // Source rows of the next group are fetched while this group computes.
 template <typename T>
 inline void prefetch_rows(const T* feats, int64_t ldf, const int32_t* src, int64_t count, int64_t bytes) {

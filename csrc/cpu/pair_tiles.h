@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "pair_wgrad.h"
 #include "tile_policy.h"
 
 namespace torchsparse_pp {
@@ -169,10 +170,21 @@ at::Tensor pairs_wgrad_with(Tiles, const at::Tensor& feats, const at::Tensor& gr
   const T* f = feats.data_ptr<T>();
   const T* g = grad.data_ptr<T>();
   Acc* part = partials.data_ptr<Acc>();
+  // Float32 with the register kernel: no transposed tile is gathered (pair_wgrad.h).
+  bool registers = false;
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<Tiles, FloatTiles<float>>) registers = pair_gemm_available();
   parallel_items(static_cast<int64_t>(items.size()), [&](int64_t it) {
     const Item item = items[it];
     const int32_t* src = src_idx.data_ptr<int32_t>() + off[item.k];
     const int32_t* dst = dst_idx.data_ptr<int32_t>() + off[item.k];
+    if constexpr (std::is_same_v<T, float> && std::is_same_v<Tiles, FloatTiles<float>>) {
+      if (registers) {
+        for (int64_t r0 = item.begin; r0 < item.end; r0 += chunk)
+          pair_wgrad(std::min(chunk, item.end - r0), src + r0, dst + r0, f, c_src, g, c_dst,
+                     part + it * c_src * c_dst, r0 != item.begin);
+        return;
+      }
+    }
     // The transposed tile's rows are padded off a power of two: a 4 KiB stride would map
     // every column write of one source row to the same L1 set.
     const int64_t ld = Tiles::k_len(chunk) + 16;

@@ -1,0 +1,20 @@
+// Weight gradient over a pair list in registers:
+//
+//   dW[:C_src, :C_dst] (+)= sum_i feats[src[i], :C_src]^T grad[dst[i], :C_dst]     for i < count
+//
+// The sum runs over pairs, so a GEMM would need one operand transposed (a scalar scatter per
+// element on gather). Here each pair is a rank-1 update instead: a register block of dW rows
+// broadcasts its feature values straight from the source row and multiplies the gradient row's
+// vectors, so neither operand goes through a gathered tile. Float32, AVX-512 (pair_gemm_available).
+#pragma once
+
+#include <cstdint>
+
+namespace torchsparse_pp {
+
+// feats [*, c_src] and grad [*, c_dst] row-major; dw [c_src, c_dst] is overwritten unless
+// `accumulate`. Call with the pairs of one L2-sized chunk: every register block re-reads them.
+void pair_wgrad(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t c_src,
+                const float* grad, int64_t c_dst, float* dw, bool accumulate);
+
+}  // namespace torchsparse_pp
