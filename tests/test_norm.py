@@ -109,6 +109,35 @@ def test_batchnorm_float32(gen):
     torch.testing.assert_close(ours(SparseTensor(feats, coords)).F, ref(feats), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("track", [True, False])
+def test_batchnorm_eval(gen, dtype, affine, track):
+    """Eval mode (one affine pass over the running statistics in float32, F.batch_norm
+    otherwise) against torch.nn.BatchNorm1d in eval mode, forward and input gradient."""
+    channels = 13
+    ours = BatchNorm(channels, affine=affine, track_running_stats=track)
+    ref = nn.BatchNorm1d(channels, affine=affine, track_running_stats=track)
+    randomise_affine(ref, gen)
+    if track:
+        with torch.no_grad():
+            ref.running_mean.copy_(torch.randn(channels, generator=gen) * 2)
+            ref.running_var.copy_(torch.rand(channels, generator=gen) * 3 + 0.1)
+    ours.load_state_dict(ref.state_dict())
+    ours, ref = ours.to(dtype).eval(), ref.to(dtype).eval()
+    coords = unique_coords(gen, [60, 37])
+    feats = random_feats(gen, 97, channels, dtype)
+    a, b = feats.clone().requires_grad_(True), feats.clone().requires_grad_(True)
+    out, expected = ours(SparseTensor(a, coords)).F, ref(b)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, expected, **tol)
+    grad_out = torch.randn(97, channels, generator=gen).to(dtype)
+    out.backward(grad_out)
+    expected.backward(grad_out)
+    torch.testing.assert_close(a.grad, b.grad, **tol)
+
+
 def test_batchnorm_rejects_channel_mismatch(gen):
     coords = unique_coords(gen, [10])
     with pytest.raises(ValueError, match="channel"):

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ...tensor import SparseTensor
-from ..functional.norm import sample_group_norm
+from ..functional.norm import batch_norm_running, sample_group_norm
 from .feature_wise import FeatureWise
 
 
@@ -31,12 +31,23 @@ def _check_traced_points(module: nn.Module, input: SparseTensor) -> None:
         torch._check(input.num_points > 1, lambda: "batch norm needs more than one point per channel when training")
 
 
+def _uses_running_stats(module: nn.modules.batchnorm._BatchNorm) -> bool:
+    return not module.training and module.running_mean is not None and module.running_var is not None
+
+
+def _running_stats_norm(module: nn.modules.batchnorm._BatchNorm, input: SparseTensor) -> SparseTensor:
+    return input.replace_feats(batch_norm_running(input.F, module.running_mean, module.running_var, module.weight,
+                                                  module.bias, module.eps))
+
+
 class BatchNorm(FeatureWise, nn.BatchNorm1d):
     """torch.nn.BatchNorm1d over the features of all points in the batch."""
 
     def forward(self, input: SparseTensor) -> SparseTensor:
         _check_channels(self, input, self.num_features)
         _check_traced_points(self, input)
+        if _uses_running_stats(self):
+            return _running_stats_norm(self, input)
         return super().forward(input)
 
 
@@ -82,6 +93,8 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         _check_channels(self, input, self.num_features)
         if not self.training or self._world_size() == 1:
             _check_traced_points(self, input)
+            if _uses_running_stats(self):
+                return _running_stats_norm(self, input)
             return input.replace_feats(super().forward(input.F))
         feats = input.F
         x = feats.to(torch.promote_types(feats.dtype, torch.float32))
