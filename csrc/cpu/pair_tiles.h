@@ -58,12 +58,15 @@ at::Tensor pairs_forward_with(Tiles, const at::Tensor& feats, const at::Tensor& 
   const int64_t K = weight.size(0);
   const int64_t c_src = weight.size(transpose_weight ? 2 : 1), c_dst = weight.size(transpose_weight ? 1 : 2);
   const int64_t k_len = Tiles::k_len(c_src);
-  at::Tensor out = at::empty({num_dst, c_dst}, feats.options().dtype(c10::CppTypeToScalarType<Acc>::value));
+  // bfloat16 inputs sum in float: each block sums in a float scratch and is narrowed into the
+  // bfloat16 output while in cache (no float output in memory, no conversion pass after).
+  constexpr bool narrow = !std::is_same_v<Acc, T>;
+  const auto acc_type = c10::CppTypeToScalarType<Acc>::value;
+  at::Tensor out = at::empty({num_dst, c_dst}, feats.options().dtype(narrow ? feats.scalar_type() : acc_type));
   const int64_t chunk = pair_chunk_rows(c_src, c_dst), block = pair_block_rows(c_dst);
   const T* f = feats.data_ptr<T>();
   const A* wp = w.data_ptr<A>();
-  Acc* o = out.data_ptr<Acc>();
-  const at::Tensor bias = epilogue.bias.defined() ? epilogue.bias.to(out.scalar_type()).contiguous() : at::Tensor();
+  const at::Tensor bias = epilogue.bias.defined() ? epilogue.bias.to(acc_type).contiguous() : at::Tensor();
   const Acc* bias_p = bias.defined() ? bias.data_ptr<Acc>() : nullptr;
   const int32_t* src = src_idx.data_ptr<int32_t>();
   const int32_t* dst = dst_idx.data_ptr<int32_t>();
@@ -79,6 +82,15 @@ at::Tensor pairs_forward_with(Tiles, const at::Tensor& feats, const at::Tensor& 
   if constexpr (kPairKernel<T, Tiles>) registers = pair_gemm_available();
   parallel_items((num_dst + block - 1) / block, [&](int64_t b) {
     const int64_t b0 = b * block, b1 = std::min(num_dst, b0 + block);
+    // Rows b0..b1 of the sums are o[b0 * c_dst ..]: the output itself, or with `narrow` this
+    // thread's float block (o is offset so that destination rows index it unchanged).
+    Acc* o = nullptr;
+    if constexpr (narrow) o = scratch<Acc, 2>(block * c_dst) - b0 * c_dst;
+    else o = out.data_ptr<Acc>();
+    const auto finish = [&] {
+      apply_epilogue<T>(epilogue, o + b0 * c_dst, b0, b1 - b0, c_dst, bias_p);
+      if constexpr (narrow) narrow_row(o + b0 * c_dst, (b1 - b0) * c_dst, out.data_ptr<T>() + b0 * c_dst);
+    };
     if constexpr (kPairKernel<T, Tiles>) {
       if (registers) {
         if (first >= 0) {
@@ -93,7 +105,7 @@ at::Tensor pairs_forward_with(Tiles, const at::Tensor& feats, const at::Tensor& 
           const int32_t* hi = std::lower_bound(lo, dst + off[k + 1], static_cast<int32_t>(b1));
           pair_gemm(hi - lo, src + (lo - dst), lo, f, c_src, c_src, wp + k * k_len * c_dst, c_dst, o, c_dst, true);
         }
-        apply_epilogue<T>(epilogue, o + b0 * c_dst, b0, b1 - b0, c_dst, bias_p);
+        finish();
         return;
       }
     }
@@ -123,9 +135,9 @@ at::Tensor pairs_forward_with(Tiles, const at::Tensor& feats, const at::Tensor& 
         scatter_add_rows(c, rows, c_dst, dst + r0, o);
       }
     }
-    apply_epilogue<T>(epilogue, o + b0 * c_dst, b0, b1 - b0, c_dst, bias_p);
+    finish();
   });
-  return out.scalar_type() == feats.scalar_type() ? out : out.to(feats.scalar_type());
+  return out;
 }
 
 template <typename T>

@@ -82,4 +82,16 @@ TSPP_ROW_CLONES void widen_row(const c10::BFloat16* s, int64_t n, float* d) {
   for (int64_t j = 0; j < n; ++j) out[j] = static_cast<uint32_t>(bits[j]) << 16;
 }
 
+TSPP_ROW_CLONES void narrow_row(const float* s, int64_t n, c10::BFloat16* d) {
+  // The integer form of c10's round-to-nearest-even, branch-free so that it vectorises.
+  const auto* bits = reinterpret_cast<const uint32_t*>(s);
+  auto* out = reinterpret_cast<uint16_t*>(d);
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t b = bits[j];
+    const bool nan = (b & 0x7FFFFFFFu) > 0x7F800000u;
+    const uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+    out[j] = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
+  }
+}
+
 }  // namespace torchsparse_pp

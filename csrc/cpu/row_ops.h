@@ -27,4 +27,7 @@ void epilogue_rows(double* rows, int64_t count, int64_t n, const double* bias, c
 // d[:n] = float(s[:n]).
 void widen_row(const c10::BFloat16* s, int64_t n, float* d);
 
+// d[:n] = bfloat16(s[:n]), rounded to nearest even as c10::BFloat16 rounds (NaN stays NaN).
+void narrow_row(const float* s, int64_t n, c10::BFloat16* d);
+
 }  // namespace torchsparse_pp
