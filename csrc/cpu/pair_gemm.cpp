@@ -13,6 +13,9 @@ namespace torchsparse_pp {
 
 namespace {
 
+// Pairs ahead whose source row the narrow kernel fetches.
+constexpr int64_t kPrefetchPairs = 8;
+
 // Source rows of the next group are fetched while this group computes.
 template <typename T>
 inline void prefetch_rows(const T* feats, int64_t ldf, const int32_t* src, int64_t count, int64_t bytes) {
@@ -178,9 +181,78 @@ void columns(int64_t rows, int64_t terms, const T* const* a, int64_t K, const T*
   }
 }
 
+// Narrow operands (K x N within 24 vectors: the stem's 4 -> 16, 16 -> 16 or 16 -> 32 layers):
+// W stays in registers and each pair is one row in, one row out, with no per-group call chain;
+// two partial sums halve the FMA dependency chain.
+template <int K, int NV>
+TSPP_AVX512_TARGET void narrow_kernel(int64_t count, const int32_t* src, const int32_t* dst, const float* feats,
+                                      int64_t ldf, const float* W, int64_t N, float* out, int64_t ldo,
+                                      __mmask16 tail, bool accumulate) {
+  __m512 w[K][NV];
+#pragma GCC unroll 16
+  for (int k = 0; k < K; ++k)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v)
+      w[k][v] = v == NV - 1 ? _mm512_maskz_loadu_ps(tail, W + k * N + 16 * v) : _mm512_loadu_ps(W + k * N + 16 * v);
+  for (int64_t i = 0; i < count; ++i) {
+    if (i + kPrefetchPairs < count) __builtin_prefetch(feats + static_cast<int64_t>(src[i + kPrefetchPairs]) * ldf);
+    const float* x = feats + static_cast<int64_t>(src[i]) * ldf;
+    float* o = out + static_cast<int64_t>(dst[i]) * ldo;
+    __m512 even[NV], odd[NV];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 m = v == NV - 1 ? tail : __mmask16(0xFFFF);
+      even[v] = accumulate ? _mm512_maskz_loadu_ps(m, o + 16 * v) : _mm512_setzero_ps();
+      odd[v] = _mm512_setzero_ps();
+    }
+#pragma GCC unroll 16
+    for (int k = 0; k < K; ++k) {
+      const __m512 xk = _mm512_set1_ps(x[k]);
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) {
+        if (k % 2 == 0) even[v] = _mm512_fmadd_ps(xk, w[k][v], even[v]);
+        else odd[v] = _mm512_fmadd_ps(xk, w[k][v], odd[v]);
+      }
+    }
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v)
+      _mm512_mask_storeu_ps(o + 16 * v, v == NV - 1 ? tail : __mmask16(0xFFFF), _mm512_add_ps(even[v], odd[v]));
+  }
+}
+
+// Largest K the narrow kernel takes for NV vectors of columns (W in 16 or 24 registers).
+constexpr int64_t kNarrowK[3] = {0, 16, 12};
+
+template <int NV, int K>
+void narrow_of_k(int64_t k, int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t ldf,
+                 const float* W, int64_t N, float* out, int64_t ldo, __mmask16 tail, bool accumulate) {
+  if constexpr (K > 0) {
+    if (k == K) return narrow_kernel<K, NV>(count, src, dst, feats, ldf, W, N, out, ldo, tail, accumulate);
+    narrow_of_k<NV, K - 1>(k, count, src, dst, feats, ldf, W, N, out, ldo, tail, accumulate);
+  }
+}
+
+// The narrow kernel when it takes (K, N); false otherwise.
+bool narrow_pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t ldf,
+                      int64_t K, const float* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
+  const int64_t nv = (N + 15) / 16;
+  if (K < 1 || N < 1 || nv > 2 || K > kNarrowK[nv]) return false;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (N - 16 * (nv - 1))) - 1u);
+  if (nv == 1) narrow_of_k<1, kNarrowK[1]>(K, count, src, dst, feats, ldf, W, N, out, ldo, tail, accumulate);
+  else narrow_of_k<2, kNarrowK[2]>(K, count, src, dst, feats, ldf, W, N, out, ldo, tail, accumulate);
+  return true;
+}
+
+// Narrow kernels are float32 only; bfloat16 goes through the row groups.
+bool narrow_pair_gemm(int64_t, const int32_t*, const int32_t*, const c10::BFloat16*, int64_t, int64_t,
+                      const c10::BFloat16*, int64_t, float*, int64_t, bool) {
+  return false;
+}
+
 template <typename T>
 void pair_gemm_impl(int64_t count, const int32_t* src, const int32_t* dst, const T* feats, int64_t ldf, int64_t K,
                     const T* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
+  if (narrow_pair_gemm(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate)) return;
   constexpr int64_t kRows = kRowGroup;
   const T* a[kRows];
   float* o[kRows];
