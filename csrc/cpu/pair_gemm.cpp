@@ -181,7 +181,7 @@ void columns(int64_t rows, int64_t terms, const T* const* a, int64_t K, const T*
   }
 }
 
-// Narrow operands (K x N within 24 vectors: the stem's 4 -> 16, 16 -> 16 or 16 -> 32 layers):
+// Narrow operands (K x N within 24 vectors: the stem's 4 -> 16, 16 -> 16 or 12 -> 32 layers):
 // W stays in registers and each pair is one row in, one row out, with no per-group call chain;
 // two partial sums halve the FMA dependency chain.
 template <int K, int NV>
@@ -243,10 +243,71 @@ bool narrow_pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, con
   return true;
 }
 
-// Narrow kernels are float32 only; bfloat16 goes through the row groups.
-bool narrow_pair_gemm(int64_t, const int32_t*, const int32_t*, const c10::BFloat16*, int64_t, int64_t,
-                      const c10::BFloat16*, int64_t, float*, int64_t, bool) {
-  return false;
+// The same for bfloat16: P pairs of K (W packed in pairs) held in registers, one dot product
+// per pair of K; an odd K's last feature pairs with zero (the row may end there).
+template <int P, int NV>
+TSPP_AVX512_BF16_TARGET void narrow_kernel_bf16(int64_t count, const int32_t* src, const int32_t* dst,
+                                                const c10::BFloat16* feats, int64_t ldf, int64_t K,
+                                                const c10::BFloat16* W_packed, int64_t N, float* out, int64_t ldo,
+                                                __mmask16 tail, bool accumulate) {
+  const auto* wp = reinterpret_cast<const uint32_t*>(W_packed);
+  __m512i w[P][NV];
+#pragma GCC unroll 16
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v)
+      w[p][v] = v == NV - 1 ? _mm512_maskz_loadu_epi32(tail, wp + p * N + 16 * v)
+                            : _mm512_loadu_si512(wp + p * N + 16 * v);
+  const bool odd_k = K % 2 == 1;
+  for (int64_t i = 0; i < count; ++i) {
+    if (i + kPrefetchPairs < count) __builtin_prefetch(feats + static_cast<int64_t>(src[i + kPrefetchPairs]) * ldf);
+    const auto* x = reinterpret_cast<const uint16_t*>(feats + static_cast<int64_t>(src[i]) * ldf);
+    float* o = out + static_cast<int64_t>(dst[i]) * ldo;
+    __m512 even[NV], odd[NV];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 m = v == NV - 1 ? tail : __mmask16(0xFFFF);
+      even[v] = accumulate ? _mm512_maskz_loadu_ps(m, o + 16 * v) : _mm512_setzero_ps();
+      odd[v] = _mm512_setzero_ps();
+    }
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) {
+      uint32_t word = x[2 * p];
+      if (p < P - 1 || !odd_k) word |= static_cast<uint32_t>(x[2 * p + 1]) << 16;
+      const __m512bh xp = (__m512bh)_mm512_set1_epi32(static_cast<int>(word));
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) {
+        if (p % 2 == 0) even[v] = _mm512_dpbf16_ps(even[v], xp, (__m512bh)w[p][v]);
+        else odd[v] = _mm512_dpbf16_ps(odd[v], xp, (__m512bh)w[p][v]);
+      }
+    }
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v)
+      _mm512_mask_storeu_ps(o + 16 * v, v == NV - 1 ? tail : __mmask16(0xFFFF), _mm512_add_ps(even[v], odd[v]));
+  }
+}
+
+template <int NV, int P>
+void narrow_of_pairs(int64_t p, int64_t count, const int32_t* src, const int32_t* dst, const c10::BFloat16* feats,
+                     int64_t ldf, int64_t K, const c10::BFloat16* W, int64_t N, float* out, int64_t ldo,
+                     __mmask16 tail, bool accumulate) {
+  if constexpr (P > 0) {
+    if (p == P) return narrow_kernel_bf16<P, NV>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate);
+    narrow_of_pairs<NV, P - 1>(p, count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate);
+  }
+}
+
+// bfloat16: the pairs of K take the registers K took in float32 (up to 32 or 24 features).
+bool narrow_pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const c10::BFloat16* feats, int64_t ldf,
+                      int64_t K, const c10::BFloat16* W_packed, int64_t N, float* out, int64_t ldo, bool accumulate) {
+  const int64_t nv = (N + 15) / 16, pairs = (K + 1) / 2;
+  if (K < 1 || N < 1 || nv > 2 || pairs > kNarrowK[nv]) return false;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (N - 16 * (nv - 1))) - 1u);
+  if (nv == 1)
+    narrow_of_pairs<1, kNarrowK[1]>(pairs, count, src, dst, feats, ldf, K, W_packed, N, out, ldo, tail, accumulate);
+  else
+    narrow_of_pairs<2, kNarrowK[2]>(pairs, count, src, dst, feats, ldf, K, W_packed, N, out, ldo, tail, accumulate);
+  return true;
 }
 
 template <typename T>
