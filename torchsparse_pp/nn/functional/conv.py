@@ -116,8 +116,9 @@ def conv3d_with_geometry(input: SparseTensor, weight: torch.Tensor, geometry: Co
     if epilogue is not None:
         epilogue.check(weight.shape[2], input.device)
     if geometry.is_pointwise:
-        out = feats @ weight[0]  # every output reads only its own row: no map needed
-        out = (out if bias is None else out + bias) if epilogue is None else epilogue.apply(out, bias)
+        # Every output reads only its own row: no map needed; the bias goes into the GEMM.
+        out = feats @ weight[0] if bias is None else torch.addmm(bias, feats, weight[0])
+        out = out if epilogue is None else epilogue.apply(out, None, fresh=True)
     elif not transposed:
         if geometry.is_unit_stride:
             kmap = submanifold_map(cache, coords, geometry, input.spatial_range)

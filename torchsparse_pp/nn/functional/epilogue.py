@@ -40,14 +40,18 @@ class Epilogue:
             raise ValueError(f"epilogue residual has {r.shape[0]} rows but the conv has {out.shape[0]} outputs")
         return r.to(out.dtype)
 
-    def apply(self, out: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """The epilogue as torch ops (differentiable)."""
+    def apply(self, out: torch.Tensor, bias: Optional[torch.Tensor], fresh: bool = False) -> torch.Tensor:
+        """The epilogue as torch ops (differentiable). ``fresh``: ``out`` is a new tensor that
+        nothing else holds and whose producer's backward does not read it (a GEMM's output), so
+        the sums and the ReLU may run in place, without a new tensor per step."""
         residual = self._residual_for(out)
         if bias is not None:
-            out = out + bias
+            out = out.add_(bias) if fresh else out + bias
         if residual is not None:
-            out = out + residual
-        return torch.relu(out) if self.relu else out
+            out = out.add_(residual) if fresh else out + residual
+        if not self.relu:
+            return out
+        return out.relu_() if fresh else torch.relu(out)
 
 
 def _in_kernel(config, feats: torch.Tensor, tensors) -> bool:
