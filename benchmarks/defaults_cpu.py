@@ -78,10 +78,11 @@ def record_layers(model, x) -> List[dict]:
     return layers
 
 
-def layer_tasks(layer: dict, configs: Dict[str, ConvConfig], gen: torch.Generator):
-    view, w = layer["view"], layer["module"].kernel.detach()
-    feats = torch.randn(view.num_src, layer["c_in"], generator=gen)
-    grad = torch.randn(view.num_dst, layer["c_out"], generator=gen)
+def layer_tasks(layer: dict, configs: Dict[str, ConvConfig], gen: torch.Generator, dtype=torch.float32):
+    """Tasks ``(config name, pass) -> (fn, None)`` for one layer, operands in ``dtype``."""
+    view, w = layer["view"], layer["module"].kernel.detach().to(dtype)
+    feats = torch.randn(view.num_src, layer["c_in"], generator=gen).to(dtype)
+    grad = torch.randn(view.num_dst, layer["c_out"], generator=gen).to(dtype)
     tasks = {}
     for name, config in configs.items():
         flow = DATAFLOW_MODULES[config.dataflow]
