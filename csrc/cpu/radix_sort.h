@@ -1,7 +1,7 @@
-// Stable LSD radix sort of 64-bit keys, optionally carrying a payload. Digits that are equal for
-// every key are skipped, which makes packed coordinates and kernel masks (which use few bits)
-// cheap to sort. Digits are 16 bits wide for large inputs and 8 bits for small ones, whose sort
-// would otherwise be dominated by clearing and scanning 65536 counters per pass.
+// Stable LSD radix sort of 64-bit keys, optionally carrying a payload. Only the bits that differ
+// between keys are sorted, gathered into as few digits as the key count allows (radix_digits.h):
+// packed coordinates vary in ~20-30 bits spread over three fields, which byte-aligned digits
+// would cover with 4-6 passes and these with 2-3.
 //
 // Each pass is split into contiguous blocks, one per thread: per-block digit counts, then each
 // block scatters its keys in order to its own slice of every bucket. A stable sort has one
@@ -12,19 +12,58 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <vector>
+
+#include "radix_digits.h"
 
 namespace torchsparse_pp {
 
 struct NoPayload {};
 
+namespace radix_detail {
+
+// One counting pass over digit `d` (with `Parts` parts) from (keys, payload) into (keys_out,
+// payload_out).
+template <int Parts, typename Payload>
+void sort_pass(const RadixDigit& d, int64_t n, int64_t blocks, int64_t block, int64_t buckets,
+               int64_t* count, const uint64_t* keys, uint64_t* keys_out, const Payload* payload,
+               Payload* payload_out) {
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t* c = count + b * buckets;
+      std::fill(c, c + buckets, 0);
+      for (int64_t i = b * block, end = std::min(n, (b + 1) * block); i < end; ++i) ++c[d.of<Parts>(keys[i])];
+    }
+  });
+  // Bucket by bucket, block by block: where each block's keys of each digit start.
+  int64_t sum = 0;
+  for (int64_t v = 0; v < buckets; ++v)
+    for (int64_t b = 0; b < blocks; ++b) {
+      int64_t& c = count[b * buckets + v];
+      const int64_t here = c;
+      c = sum;
+      sum += here;
+    }
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t* c = count + b * buckets;
+      for (int64_t i = b * block, end = std::min(n, (b + 1) * block); i < end; ++i) {
+        const int64_t at = c[d.of<Parts>(keys[i])]++;
+        keys_out[at] = keys[i];
+        if (payload != nullptr) payload_out[at] = payload[i];
+      }
+    }
+  });
+}
+
+}  // namespace radix_detail
+
 template <typename Payload = NoPayload>
 void radix_sort(std::vector<uint64_t>& keys, std::vector<Payload>* payload = nullptr) {
   const int64_t n = static_cast<int64_t>(keys.size());
   if (n < 2) return;
-  const int bits = n < (int64_t(1) << 16) ? 8 : 16;
-  const int64_t buckets = int64_t(1) << bits;
-  const uint64_t mask = static_cast<uint64_t>(buckets - 1);
   // Blocks of at least 16384 keys (below that a pass costs less than waking a thread); one when
   // called from inside a parallel region (the caller already splits the work).
   const int64_t blocks = at::in_parallel_region()
@@ -32,7 +71,7 @@ void radix_sort(std::vector<uint64_t>& keys, std::vector<Payload>* payload = nul
                              : std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / 16384));
   const int64_t block = (n + blocks - 1) / blocks;
 
-  // The bits that differ between any two keys: only digits holding some of them are sorted.
+  // The bits that differ between any two keys: only they are sorted.
   std::vector<uint64_t> differing(blocks, 0);
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
@@ -44,40 +83,42 @@ void radix_sort(std::vector<uint64_t>& keys, std::vector<Payload>* payload = nul
   });
   uint64_t varying = 0;
   for (uint64_t v : differing) varying |= v;
+  const std::vector<RadixDigit> digits = radix_digits(varying, radix_digit_bits(n, varying));
+  if (digits.empty()) return;
 
-  std::vector<uint64_t> key_buffer(n);
-  std::vector<Payload> payload_buffer(payload != nullptr ? n : 0);
+  int width = 0;
+  for (const RadixDigit& d : digits) width = std::max(width, d.bits);
+  const int64_t buckets = int64_t(1) << width;
+  // Scratch copies are fully written by each pass: no zero-filling.
+  auto key_buffer = std::make_unique_for_overwrite<uint64_t[]>(n);
+  std::unique_ptr<Payload[]> payload_buffer;
+  if (payload != nullptr) payload_buffer = std::make_unique_for_overwrite<Payload[]>(n);
   std::vector<int64_t> count(blocks * buckets);
-  for (int shift = 0; shift < 64; shift += bits) {
-    if (((varying >> shift) & mask) == 0) continue;  // digit is constant
-    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        int64_t* c = count.data() + b * buckets;
-        std::fill(c, c + buckets, 0);
-        for (int64_t i = b * block, end = std::min(n, (b + 1) * block); i < end; ++i) ++c[(keys[i] >> shift) & mask];
-      }
-    });
-    // Bucket by bucket, block by block: where each block's keys of each digit start.
-    int64_t sum = 0;
-    for (int64_t d = 0; d < buckets; ++d)
-      for (int64_t b = 0; b < blocks; ++b) {
-        int64_t& c = count[b * buckets + d];
-        const int64_t here = c;
-        c = sum;
-        sum += here;
-      }
-    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        int64_t* c = count.data() + b * buckets;
-        for (int64_t i = b * block, end = std::min(n, (b + 1) * block); i < end; ++i) {
-          const int64_t at = c[(keys[i] >> shift) & mask]++;
-          key_buffer[at] = keys[i];
-          if (payload != nullptr) payload_buffer[at] = (*payload)[i];
-        }
-      }
-    });
-    keys.swap(key_buffer);
-    if (payload != nullptr) payload->swap(payload_buffer);
+
+  uint64_t* src_keys = keys.data();
+  uint64_t* dst_keys = key_buffer.get();
+  Payload* src_payload = payload != nullptr ? payload->data() : nullptr;
+  Payload* dst_payload = payload_buffer.get();
+  for (const RadixDigit& d : digits) {
+    switch (d.parts) {
+#define TSPP_RADIX_PASS(P)                                                                                 \
+  case P:                                                                                                  \
+    radix_detail::sort_pass<P>(d, n, blocks, block, buckets, count.data(), src_keys, dst_keys, src_payload, \
+                               dst_payload);                                                               \
+    break;
+      TSPP_RADIX_PASS(1)
+      TSPP_RADIX_PASS(2)
+      TSPP_RADIX_PASS(3)
+      TSPP_RADIX_PASS(4)
+#undef TSPP_RADIX_PASS
+    }
+    std::swap(src_keys, dst_keys);
+    std::swap(src_payload, dst_payload);
+  }
+  // After an odd number of passes the result sits in the scratch copies.
+  if (src_keys != keys.data()) {
+    std::memcpy(keys.data(), src_keys, n * sizeof(uint64_t));
+    if (payload != nullptr) std::memcpy(payload->data(), src_payload, n * sizeof(Payload));
   }
 }
 
