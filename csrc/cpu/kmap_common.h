@@ -145,4 +145,7 @@ struct SortedCoords {
 // Checks the range, sorts, and raises for duplicate coordinates (naming both rows).
 SortedCoords sort_coords_checked(const at::Tensor& coords);
 
+// The checks of sort_coords_checked (range, duplicates) without keeping the sorted keys.
+void check_coords_unique(const at::Tensor& coords);
+
 }  // namespace torchsparse_pp

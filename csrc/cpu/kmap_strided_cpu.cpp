@@ -63,14 +63,6 @@ struct AxisRule {
 
   bool single = false;  // kReadBy with one tap per residue (kernel == stride, e.g. k2 s2)
 
-  // The one (coordinate, tap) p reaches when `single`; false if it is outside the range.
-  bool reach_one(int64_t p, int64_t& coord, int64_t& tap) const {
-    const int64_t base = divide(p + pad), r = p + pad - base * s;
-    coord = base - behind[r];
-    tap = taps[r];
-    return range < 0 || (coord >= 0 && coord < range);
-  }
-
   // floor(x / s): an arithmetic shift for power-of-two strides (a division costs ~30 cycles,
   // and the common strides are 1 and 2).
   int64_t divide(int64_t x) const { return shift >= 0 ? (x >> shift) : floor_div(x, s); }
@@ -131,6 +123,27 @@ struct Rules {
   }
 };
 
+// An AxisRule with one tap per residue, as values a loop keeps in registers: read through the
+// rule, every field is reloaded after each candidate store (uint64 stores may alias the rule's
+// int64 fields), which made these loads the hottest instructions of the pass.
+struct SingleTapAxis {
+  int64_t pad, s, range;
+  int shift;
+  const int64_t* behind;
+  const int64_t* taps;
+
+  explicit SingleTapAxis(const AxisRule& a)
+      : pad(a.pad), s(a.s), range(a.range), shift(a.shift), behind(a.behind.data()), taps(a.taps.data()) {}
+
+  // The one (coordinate, tap) p reaches; false if it is outside the range.
+  bool reach(int64_t p, int64_t& coord, int64_t& tap) const {
+    const int64_t base = shift >= 0 ? ((p + pad) >> shift) : floor_div(p + pad, s), r = p + pad - base * s;
+    coord = base - behind[r];
+    tap = taps[r];
+    return range < 0 || (coord >= 0 && coord < range);
+  }
+};
+
 // Candidates (key, row << 32 | offset) of every input, sorted by key.
 struct Candidates {
   std::vector<uint64_t> keys, payload;
@@ -144,20 +157,22 @@ Candidates collect_single(const int32_t* c, int64_t n, const Rules& rules, int64
   Candidates out{std::vector<uint64_t>(n), std::vector<uint64_t>(n)};
   std::atomic<int64_t> bad_row{kNoRow};
   at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
+    const SingleTapAxis ax(rules.axis[0]), ay(rules.axis[1]), az(rules.axis[2]);
+    const int64_t ky = rules.ky, kz = rules.kz;
+    uint64_t* keys = out.keys.data();
+    uint64_t* payload = out.payload.data();
     for (int64_t i = begin; i < end; ++i) {
       const int32_t* row = c + 4 * i;
       int64_t qx = 0, qy = 0, qz = 0, tx = 0, ty = 0, tz = 0;
       int64_t key = kEmptyKey;
-      if (rules.axis[0].reach_one(row[1], qx, tx) && rules.axis[1].reach_one(row[2], qy, ty) &&
-          rules.axis[2].reach_one(row[3], qz, tz)) {
+      if (ax.reach(row[1], qx, tx) && ay.reach(row[2], qy, ty) && az.reach(row[3], qz, tz)) {
         if (coord_in_range(row[0], qx, qy, qz))
           key = pack_coord(row[0], qx, qy, qz);
         else if (strict)
           atomic_min(bad_row, i);
       }
-      out.keys[i] = static_cast<uint64_t>(key);
-      out.payload[i] = (static_cast<uint64_t>(i) << 32) |
-                       static_cast<uint64_t>((tx * rules.ky + ty) * rules.kz + tz);
+      keys[i] = static_cast<uint64_t>(key);
+      payload[i] = (static_cast<uint64_t>(i) << 32) | static_cast<uint64_t>((tx * ky + ty) * kz + tz);
     }
   });
   TORCH_CHECK(bad_row.load() == kNoRow, "input row ", bad_row.load(),
@@ -214,6 +229,13 @@ at::Tensor coords_of(const std::vector<uint64_t>& keys, const at::TensorOptions&
   return coords;
 }
 
+// Raises for a map cell claimed by two inputs, which happens only for duplicate coordinates.
+void check_unique_claims(int64_t dup_row) {
+  TORCH_CHECK(dup_row == kNoRow, "duplicate coordinate at row ", dup_row,
+              ": the coordinates of a SparseTensor must be unique "
+              "(torchsparse_pp.utils.sparse_quantize removes duplicates)");
+}
+
 // Walks sorted candidates against the sorted unique keys they belong to, calling
 // fn(unique index, row, offset) for each candidate whose key is among `unique`.
 template <typename Fn>
@@ -226,6 +248,44 @@ void join(const Candidates& cand, const std::vector<uint64_t>& unique, Fn&& fn) 
     fn(static_cast<int64_t>(u), static_cast<int64_t>(cand.payload[i] >> 32),
        static_cast<int64_t>(cand.payload[i] & 0xFFFFFFFFu));
   }
+}
+
+// The spconv output set (the distinct keys the inputs reach) and its map, in one pass over the
+// sorted candidates: each output's coordinate and map row are written when its first candidate
+// is met, while they are in cache, instead of by a fill of the whole map, an unpacking pass and
+// a join against a separate list of unique keys.
+std::tuple<at::Tensor, at::Tensor> reached_outputs(const Candidates& cand, int64_t K, int64_t pad_rows_to,
+                                                   const at::TensorOptions& options) {
+  const std::vector<uint64_t>& keys = cand.keys;
+  const auto empty = static_cast<uint64_t>(kEmptyKey);  // sorts last
+  int64_t reached = 0;
+  while (reached < static_cast<int64_t>(keys.size()) && keys[reached] != empty) ++reached;
+  int64_t outputs = 0;
+  for (int64_t i = 0; i < reached; ++i) outputs += i == 0 || keys[i] != keys[i - 1];
+  check_rows(outputs, "the new coordinate set");
+  auto out_coords = at::empty({outputs, 4}, options.dtype(at::kInt));
+  const int64_t rows = padded_rows(outputs, pad_rows_to);
+  auto out_in = at::empty({rows, K}, options.dtype(at::kInt));
+  int32_t* c = out_coords.data_ptr<int32_t>();
+  int32_t* m = out_in.data_ptr<int32_t>();
+  std::fill(m + outputs * K, m + rows * K, -1);  // padding rows
+  // An (output, offset) cell determines its input coordinate: a second claim is a duplicate.
+  int64_t dup_row = kNoRow;
+  int64_t q = -1;  // the output of candidate i
+  int32_t* row = nullptr;
+  for (int64_t i = 0; i < reached; ++i) {
+    if (i == 0 || keys[i] != keys[i - 1]) {
+      row = m + ++q * K;
+      std::fill(row, row + K, -1);
+      unpack_coord(static_cast<int64_t>(keys[i]), c + 4 * q);
+    }
+    const auto p = static_cast<int64_t>(cand.payload[i] >> 32);
+    int32_t& cell = row[cand.payload[i] & 0xFFFFFFFFu];
+    if (cell >= 0) dup_row = std::min<int64_t>(dup_row, std::max<int64_t>(p, cell));
+    cell = static_cast<int32_t>(p);
+  }
+  check_unique_claims(dup_row);
+  return {out_coords, out_in};
 }
 
 std::vector<uint64_t> unique_keys(const std::vector<uint64_t>& sorted) {
@@ -255,27 +315,24 @@ std::tuple<at::Tensor, at::Tensor> kmap_downsample_cpu(const at::Tensor& coords_
   const int64_t K = g.volume();
   // Every input must be packable and unique, also those whose outputs are clipped or in range
   // only because of the division.
-  sort_coords_checked(coords);
+  check_coords_unique(coords);
 
   // spconv: the outputs are exactly what the inputs reach; minkowski: floor(p / s), joined with
-  // what the inputs reach.
+  // what the inputs reach (an output cell is claimed once unless coordinates repeat).
   const auto reached = collect(coords, Rules(g, Relation::kReadBy, range), K, !minkowski);
-  const auto out_keys = minkowski ? unique_keys(collect(coords, Rules(g, Relation::kFloor, nullptr), K, true).keys)
-                                  : unique_keys(reached.keys);
+  if (!minkowski) return reached_outputs(reached, K, pad_rows_to, coords.options());
+  const auto out_keys = unique_keys(collect(coords, Rules(g, Relation::kFloor, nullptr), K, true).keys);
   check_rows(static_cast<int64_t>(out_keys.size()), "the new coordinate set");
   auto out_coords = coords_of(out_keys, coords.options());
   auto out_in = at::full({padded_rows(out_coords.size(0), pad_rows_to), K}, -1, coords.options());
   int32_t* m = out_in.data_ptr<int32_t>();
-  // An (output, offset) cell determines its input coordinate: a second claim is a duplicate.
   int64_t dup_row = kNoRow;
   join(reached, out_keys, [&](int64_t q, int64_t p, int64_t k) {
     int32_t& cell = m[q * K + k];
     if (cell >= 0) dup_row = std::min<int64_t>(dup_row, std::max<int64_t>(p, cell));
     cell = static_cast<int32_t>(p);
   });
-  TORCH_CHECK(dup_row == kNoRow, "duplicate coordinate at row ", dup_row,
-              ": the coordinates of a SparseTensor must be unique "
-              "(torchsparse_pp.utils.sparse_quantize removes duplicates)");
+  check_unique_claims(dup_row);
   return {out_coords, out_in};
 }
 
@@ -292,7 +349,7 @@ std::tuple<at::Tensor, at::Tensor> kmap_generative_cpu(const at::Tensor& coords_
   int64_t range_buf[3];
   const int64_t* range = checked_range(out_range, range_buf);
   const int64_t K = g.volume();
-  sort_coords_checked(coords);  // duplicates in the coarse set would double their fine sites
+  check_coords_unique(coords);  // duplicates in the coarse set would double their fine sites
   const auto written = collect(coords, Rules(g, Relation::kWrites, range), K, true);
   const auto fine_keys = unique_keys(written.keys);
   check_rows(static_cast<int64_t>(fine_keys.size()), "the new coordinate set");
