@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,55 @@ at::Tensor kmap_out_in_cpu(const at::Tensor& table_in, const at::Tensor& out_coo
   return out_in;
 }
 
+namespace {
+
+// Counts the pairs of map rows [r0, r1) per offset into `cnt` and returns the largest input row
+// they read. With `masks` (K <= 64) it also keeps each row's present offsets as a bitmask, so
+// that emitting visits only the cells that hold a pair. (Arguments by value: captured by
+// reference, K and the pointers would be reloaded after every counter store.)
+int32_t count_pairs(const int32_t* m, int64_t K, int64_t r0, int64_t r1, int64_t* cnt, uint64_t* masks) {
+  int32_t largest = -1;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int32_t* row = m + r * K;
+    if (masks != nullptr) {
+      uint64_t present = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        present |= uint64_t(row[k] >= 0) << k;
+        largest = std::max(largest, row[k]);
+      }
+      masks[r] = present;
+      for (; present != 0; present &= present - 1) ++cnt[__builtin_ctzll(present)];
+    } else {
+      for (int64_t k = 0; k < K; ++k) {
+        cnt[k] += row[k] >= 0;
+        largest = std::max(largest, row[k]);
+      }
+    }
+  }
+  return largest;
+}
+
+// Writes the pairs of map rows [r0, r1), each offset's at its cursor in `pos`.
+void emit_pairs(const int32_t* m, int64_t K, int64_t r0, int64_t r1, const uint64_t* masks, int64_t* pos,
+                int32_t* in_idx, int32_t* out_idx) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const int32_t* row = m + r * K;
+    auto emit = [&](int64_t k) {
+      in_idx[pos[k]] = row[k];
+      out_idx[pos[k]] = static_cast<int32_t>(r);
+      ++pos[k];
+    };
+    if (masks != nullptr) {
+      for (uint64_t present = masks[r]; present != 0; present &= present - 1) emit(__builtin_ctzll(present));
+    } else {
+      for (int64_t k = 0; k < K; ++k)
+        if (row[k] >= 0) emit(k);
+    }
+  }
+}
+
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cpu(
     const at::Tensor& out_in_in, int64_t num_in, int64_t num_out) {
   check_pairs_arguments(out_in_in, num_in, num_out);
@@ -95,18 +145,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cpu(
   const int64_t chunk = std::max<int64_t>(256, (num_out + 255) / 256);
   const int64_t num_chunks = (num_out + chunk - 1) / chunk;
   std::vector<int64_t> counts(num_chunks * K, 0);
+  std::unique_ptr<uint64_t[]> masks;
+  if (K <= 64) masks = std::make_unique_for_overwrite<uint64_t[]>(num_out);
   std::atomic<bool> in_range{true};
   at::parallel_for(0, num_chunks, 1, [&](int64_t cb, int64_t ce) {
-    for (int64_t ch = cb; ch < ce; ++ch) {
-      int64_t* cnt = counts.data() + ch * K;
-      const int64_t r1 = std::min(num_out, (ch + 1) * chunk);
-      for (int64_t r = ch * chunk; r < r1; ++r)
-        for (int64_t k = 0; k < K; ++k) {
-          const int32_t v = m[r * K + k];
-          cnt[k] += v >= 0;
-          if (v >= num_in) in_range = false;
-        }
-    }
+    for (int64_t ch = cb; ch < ce; ++ch)
+      if (count_pairs(m, K, ch * chunk, std::min(num_out, (ch + 1) * chunk), counts.data() + ch * K, masks.get()) >=
+          num_in)
+        in_range = false;
   });
   TORCH_CHECK(in_range.load(), "out_in holds input rows >= num_in (", num_in, ")");
   auto offsets = at::empty({K + 1}, out_in.options().dtype(at::kLong));
@@ -128,27 +174,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cpu(
   int32_t* ii = in_idx.data_ptr<int32_t>();
   int32_t* oi = out_idx.data_ptr<int32_t>();
   at::parallel_for(0, num_chunks, 1, [&](int64_t cb, int64_t ce) {
-    for (int64_t ch = cb; ch < ce; ++ch) {
-      int64_t* p = pos.data() + ch * K;
-      const int64_t r1 = std::min(num_out, (ch + 1) * chunk);
-      for (int64_t r = ch * chunk; r < r1; ++r) {
-        const int32_t* row = m + r * K;
-        auto emit = [&](int64_t k) {
-          ii[p[k]] = row[k];
-          oi[p[k]] = static_cast<int32_t>(r);
-          ++p[k];
-        };
-        if (K <= 64) {
-          // Present offsets as a bitmask (a branch-free compare), then one step per pair.
-          uint64_t present = 0;
-          for (int64_t k = 0; k < K; ++k) present |= uint64_t(row[k] >= 0) << k;
-          for (; present != 0; present &= present - 1) emit(__builtin_ctzll(present));
-        } else {
-          for (int64_t k = 0; k < K; ++k)
-            if (row[k] >= 0) emit(k);
-        }
-      }
-    }
+    for (int64_t ch = cb; ch < ce; ++ch)
+      emit_pairs(m, K, ch * chunk, std::min(num_out, (ch + 1) * chunk), masks.get(), pos.data() + ch * K, ii, oi);
   });
 
   // An offset whose pairs are (j, j) for every row needs no gather or scatter.
