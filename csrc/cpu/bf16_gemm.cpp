@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "cpu_features.h"
+#include "register_tile.h"
 
 namespace torchsparse_pp {
 
@@ -36,15 +37,7 @@ TSPP_AVX512_BF16_TARGET void micro_kernel(int64_t pairs, const uint32_t* A, int6
       for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], (__m512bh)a, (__m512bh)b[v]);
     }
   }
-#pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 k = v == NV - 1 ? tail : __mmask16(0xFFFF);
-      float* c = C + m * ldc + 16 * v;
-      const __m512 sum = accumulate ? _mm512_add_ps(acc[m][v], _mm512_maskz_loadu_ps(k, c)) : acc[m][v];
-      _mm512_mask_storeu_ps(c, k, sum);
-    }
+  store_register_tile<MR, NV>(acc, C, ldc, tail, accumulate);
 }
 
 // Rows of one column block in steps of MR (at most 24 accumulators), the remainder by a

@@ -8,6 +8,7 @@
 
 #include "bf16_gemm.h"
 #include "cpu_features.h"
+#include "register_tile.h"
 
 namespace torchsparse_pp {
 
@@ -181,17 +182,6 @@ void columns(int64_t rows, int64_t terms, const T* const* a, int64_t K, const T*
   }
 }
 
-// Stores or adds one row of sums, in the order write_rows uses (so both kernels round alike).
-template <int NV>
-TSPP_AVX512_TARGET inline void store_row(__m512 (&acc)[NV], float* o, __mmask16 tail, bool accumulate) {
-#pragma GCC unroll 2
-  for (int v = 0; v < NV; ++v) {
-    const __mmask16 m = v == NV - 1 ? tail : __mmask16(0xFFFF);
-    const __m512 sum = accumulate ? _mm512_add_ps(acc[v], _mm512_maskz_loadu_ps(m, o + 16 * v)) : acc[v];
-    _mm512_mask_storeu_ps(o + 16 * v, m, sum);
-  }
-}
-
 // Narrow operands (K x N within 24 vectors: the stem's 4 -> 16, 16 -> 16 or 12 -> 32 layers):
 // W stays in registers and each pair is one row in, one row out, with no per-group call chain.
 // The sums run in the row-group kernels' order, so results do not depend on which kernel ran.
@@ -209,16 +199,16 @@ TSPP_AVX512_TARGET void narrow_kernel(int64_t count, const int32_t* src, const i
     if (i + kPrefetchPairs < count) __builtin_prefetch(feats + static_cast<int64_t>(src[i + kPrefetchPairs]) * ldf);
     const float* x = feats + static_cast<int64_t>(src[i]) * ldf;
     float* o = out + static_cast<int64_t>(dst[i]) * ldo;
-    __m512 acc[NV];
+    __m512 acc[1][NV];  // one row: the shape store_register_tile takes
 #pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) acc[v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v) acc[0][v] = _mm512_setzero_ps();
 #pragma GCC unroll 16
     for (int k = 0; k < K; ++k) {
       const __m512 xk = _mm512_set1_ps(x[k]);
 #pragma GCC unroll 2
-      for (int v = 0; v < NV; ++v) acc[v] = _mm512_fmadd_ps(xk, w[k][v], acc[v]);
+      for (int v = 0; v < NV; ++v) acc[0][v] = _mm512_fmadd_ps(xk, w[k][v], acc[0][v]);
     }
-    store_row<NV>(acc, o, tail, accumulate);
+    store_register_tile<1, NV>(acc, o, 0, tail, accumulate);
   }
 }
 
@@ -265,18 +255,18 @@ TSPP_AVX512_BF16_TARGET void narrow_kernel_bf16(int64_t count, const int32_t* sr
     if (i + kPrefetchPairs < count) __builtin_prefetch(feats + static_cast<int64_t>(src[i + kPrefetchPairs]) * ldf);
     const auto* x = reinterpret_cast<const uint16_t*>(feats + static_cast<int64_t>(src[i]) * ldf);
     float* o = out + static_cast<int64_t>(dst[i]) * ldo;
-    __m512 acc[NV];
+    __m512 acc[1][NV];  // one row: the shape store_register_tile takes
 #pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) acc[v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v) acc[0][v] = _mm512_setzero_ps();
 #pragma GCC unroll 16
     for (int p = 0; p < P; ++p) {
       uint32_t word = x[2 * p];
       if (p < P - 1 || !odd_k) word |= static_cast<uint32_t>(x[2 * p + 1]) << 16;
       const __m512bh xp = (__m512bh)_mm512_set1_epi32(static_cast<int>(word));
 #pragma GCC unroll 2
-      for (int v = 0; v < NV; ++v) acc[v] = _mm512_dpbf16_ps(acc[v], xp, (__m512bh)w[p][v]);
+      for (int v = 0; v < NV; ++v) acc[0][v] = _mm512_dpbf16_ps(acc[0][v], xp, (__m512bh)w[p][v]);
     }
-    store_row<NV>(acc, o, tail, accumulate);
+    store_register_tile<1, NV>(acc, o, 0, tail, accumulate);
   }
 }
 

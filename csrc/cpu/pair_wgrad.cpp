@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "cpu_features.h"
+#include "register_tile.h"
 
 namespace torchsparse_pp {
 
@@ -47,15 +48,7 @@ TSPP_AVX512_TARGET void outer_kernel(int64_t count, const int32_t* src, const in
       for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_fmadd_ps(xm, b[v], acc[m][v]);
     }
   }
-#pragma GCC unroll 16
-  for (int m = 0; m < MR; ++m)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 k = v == NV - 1 ? tail : __mmask16(0xFFFF);
-      float* c = dw + m * ldw + 16 * v;
-      const __m512 sum = accumulate ? _mm512_add_ps(acc[m][v], _mm512_maskz_loadu_ps(k, c)) : acc[m][v];
-      _mm512_mask_storeu_ps(c, k, sum);
-    }
+  store_register_tile<MR, NV>(acc, dw, ldw, tail, accumulate);
 }
 
 // Rows per register block for NV vectors of columns: 24 accumulators at most, 12 rows at most
