@@ -196,6 +196,30 @@ PUBLISHED_DIR = os.path.join(BENCH_DIR, "results")   # what docs/benchmarks.md c
 SCRATCH_DIR = os.path.join(BENCH_DIR, "out")         # git-ignored
 
 
+def add_round_arguments(parser: argparse.ArgumentParser, repeats: int = 7) -> None:
+    """--repeats / --warmup (round-robin rounds) and --threads (default: up to the 2 cores)."""
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+
+
+def check_round_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.repeats < 1 or args.warmup < 0 or args.threads < 1:
+        parser.error("--repeats and --threads must be >= 1, --warmup >= 0")
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (with a note) when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+        return None
+    return plt
+
+
 def add_output_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     """--out DIR / --publish, with help that says where the results go by default."""
     where = parser.add_mutually_exclusive_group()

@@ -32,8 +32,9 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_output_arguments, busy_processes, interleaved_times, load_average, machine_info,  # noqa: E402
-                    num_threads, output_dir, save_figure, write_json)
+from common import (add_output_arguments, add_round_arguments, busy_processes, check_round_arguments,  # noqa: E402
+                    interleaved_times, load_average, machine_info, num_threads, output_dir, pyplot, save_figure,
+                    write_json)
 from models import centerpoint_workload, minkunet_workload  # noqa: E402
 
 from torchsparse_pp.nn import Conv3d  # noqa: E402
@@ -119,16 +120,13 @@ def run_model(workload, configs, args, bar) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    add_round_arguments(parser)
     parser.add_argument("--quick", action="store_true", help=f"3 configs ({', '.join(QUICK_CONFIGS)}), 3 repeats")
     add_output_arguments(parser, "defaults_cpu")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats = min(args.repeats, 3)
-    if args.repeats < 1 or args.warmup < 0 or args.threads < 1:
-        parser.error("--repeats and --threads must be >= 1, --warmup >= 0")
+    check_round_arguments(parser, args)
     out = output_dir(args, "defaults_cpu")
     configs = {n: c for n, c in CONFIGS.items() if not args.quick or n in QUICK_CONFIGS}
     workloads = [minkunet_workload(0.5), centerpoint_workload()]
@@ -167,12 +165,8 @@ def print_table(report) -> None:
 
 
 def plot(report, path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     names = list(report["configs"])
     fig, axes = plt.subplots(1, len(report["models"]), figsize=(6 * len(report["models"]), 4), squeeze=False)

@@ -53,13 +53,13 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_output_arguments, interleaved_times, load_average, machine_info, num_threads,  # noqa: E402
-                    output_dir, save_figure, write_json)
-from models import (WORKLOADS, compare_outputs, patch_spconv_cpu_backward, rel_err)  # noqa: E402
+from common import (add_output_arguments, add_round_arguments, check_round_arguments, interleaved_times,  # noqa: E402
+                    load_average, machine_info, num_threads, output_dir, pyplot, save_figure, write_json)
+from models import WORKLOADS, compare_outputs, patch_spconv_cpu_backward  # noqa: E402
 
 from torchsparse_pp import ops  # noqa: E402
 from torchsparse_pp.kmap import ConvGeometry, KernelMapCache, strided_map, submanifold_map  # noqa: E402
-from torchsparse_pp.nn import Conv3d, FusedConv3d, fuse  # noqa: E402
+from torchsparse_pp.nn import Conv3d, fuse  # noqa: E402
 from torchsparse_pp.tune import apply as apply_tuned  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -309,9 +309,7 @@ def run_maps(args, bar) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    add_round_arguments(parser)
     parser.add_argument("--models", default="minkunet0.5,minkunet1.0,centerpoint",
                         help=f"comma-separated subset of {', '.join(WORKLOADS)}")
     parser.add_argument("--no-maps", action="store_true", help="skip the kernel-map comparison")
@@ -323,8 +321,7 @@ def main(argv=None) -> int:
     keys = [k for k in args.models.split(",") if k]
     if not keys or any(k not in WORKLOADS for k in keys):
         parser.error(f"--models: choose from {', '.join(WORKLOADS)}")
-    if args.repeats < 1 or args.warmup < 0 or args.threads < 1:
-        parser.error("--repeats and --threads must be >= 1, --warmup >= 0")
+    check_round_arguments(parser, args)
     out = output_dir(args, "e2e_cpu")
     patch_spconv_cpu_backward()
     started = time.perf_counter()
@@ -376,12 +373,8 @@ def print_report(report) -> None:
 
 
 def plot(report, path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     rows = report["models"]
     fig, axes = plt.subplots(1, 2, figsize=(14, 5))
