@@ -31,14 +31,7 @@ template <int MR, int NV>
 TSPP_AVX512_TARGET inline void write_rows(__m512 (&acc)[MR][NV], float* const* out_rows, __mmask16 tail,
                                           bool accumulate) {
 #pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 k = v == NV - 1 ? tail : __mmask16(0xFFFF);
-      float* c = out_rows[m] + 16 * v;
-      const __m512 sum = accumulate ? _mm512_add_ps(acc[m][v], _mm512_maskz_loadu_ps(k, c)) : acc[m][v];
-      _mm512_mask_storeu_ps(c, k, sum);
-    }
+  for (int m = 0; m < MR; ++m) store_register_row<NV>(acc[m], out_rows[m], tail, accumulate);
 }
 
 // MR rows by NV vectors of 16 output columns, float32, summed over `terms` products: term j
@@ -199,30 +192,21 @@ TSPP_AVX512_TARGET void narrow_kernel(int64_t count, const int32_t* src, const i
     if (i + kPrefetchPairs < count) __builtin_prefetch(feats + static_cast<int64_t>(src[i + kPrefetchPairs]) * ldf);
     const float* x = feats + static_cast<int64_t>(src[i]) * ldf;
     float* o = out + static_cast<int64_t>(dst[i]) * ldo;
-    __m512 acc[1][NV];  // one row: the shape store_register_tile takes
+    __m512 acc[NV];
 #pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) acc[0][v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v) acc[v] = _mm512_setzero_ps();
 #pragma GCC unroll 16
     for (int k = 0; k < K; ++k) {
       const __m512 xk = _mm512_set1_ps(x[k]);
 #pragma GCC unroll 2
-      for (int v = 0; v < NV; ++v) acc[0][v] = _mm512_fmadd_ps(xk, w[k][v], acc[0][v]);
+      for (int v = 0; v < NV; ++v) acc[v] = _mm512_fmadd_ps(xk, w[k][v], acc[v]);
     }
-    store_register_tile<1, NV>(acc, o, 0, tail, accumulate);
+    store_register_row<NV>(acc, o, tail, accumulate);
   }
 }
 
 // Largest K the narrow kernel takes for NV vectors of columns (W in 16 or 24 registers).
 constexpr int64_t kNarrowK[3] = {0, 16, 12};
-
-template <int NV, int K>
-void narrow_of_k(int64_t k, int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t ldf,
-                 const float* W, int64_t N, float* out, int64_t ldo, __mmask16 tail, bool accumulate) {
-  if constexpr (K > 0) {
-    if (k == K) return narrow_kernel<K, NV>(count, src, dst, feats, ldf, W, N, out, ldo, tail, accumulate);
-    narrow_of_k<NV, K - 1>(k, count, src, dst, feats, ldf, W, N, out, ldo, tail, accumulate);
-  }
-}
 
 // The narrow kernel when it takes (K, N); false otherwise.
 bool narrow_pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t ldf,
@@ -230,8 +214,12 @@ bool narrow_pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, con
   const int64_t nv = (N + 15) / 16;
   if (K < 1 || N < 1 || nv > 2 || K > kNarrowK[nv]) return false;
   const __mmask16 tail = static_cast<__mmask16>((1u << (N - 16 * (nv - 1))) - 1u);
-  if (nv == 1) narrow_of_k<1, kNarrowK[1]>(K, count, src, dst, feats, ldf, W, N, out, ldo, tail, accumulate);
-  else narrow_of_k<2, kNarrowK[2]>(K, count, src, dst, feats, ldf, W, N, out, ldo, tail, accumulate);
+  const auto run = [&](auto k, auto nv_) {
+    narrow_kernel<decltype(k)::value, decltype(nv_)::value>(count, src, dst, feats, ldf, W, N, out, ldo, tail,
+                                                            accumulate);
+  };
+  if (nv == 1) with_constant<kNarrowK[1]>(K, [&](auto k) { run(k, std::integral_constant<int, 1>{}); });
+  else with_constant<kNarrowK[2]>(K, [&](auto k) { run(k, std::integral_constant<int, 2>{}); });
   return true;
 }
 
@@ -255,28 +243,18 @@ TSPP_AVX512_BF16_TARGET void narrow_kernel_bf16(int64_t count, const int32_t* sr
     if (i + kPrefetchPairs < count) __builtin_prefetch(feats + static_cast<int64_t>(src[i + kPrefetchPairs]) * ldf);
     const auto* x = reinterpret_cast<const uint16_t*>(feats + static_cast<int64_t>(src[i]) * ldf);
     float* o = out + static_cast<int64_t>(dst[i]) * ldo;
-    __m512 acc[1][NV];  // one row: the shape store_register_tile takes
+    __m512 acc[NV];
 #pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) acc[0][v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v) acc[v] = _mm512_setzero_ps();
 #pragma GCC unroll 16
     for (int p = 0; p < P; ++p) {
       uint32_t word = x[2 * p];
       if (p < P - 1 || !odd_k) word |= static_cast<uint32_t>(x[2 * p + 1]) << 16;
       const __m512bh xp = (__m512bh)_mm512_set1_epi32(static_cast<int>(word));
 #pragma GCC unroll 2
-      for (int v = 0; v < NV; ++v) acc[0][v] = _mm512_dpbf16_ps(acc[0][v], xp, (__m512bh)w[p][v]);
+      for (int v = 0; v < NV; ++v) acc[v] = _mm512_dpbf16_ps(acc[v], xp, (__m512bh)w[p][v]);
     }
-    store_register_tile<1, NV>(acc, o, 0, tail, accumulate);
-  }
-}
-
-template <int NV, int P>
-void narrow_of_pairs(int64_t p, int64_t count, const int32_t* src, const int32_t* dst, const c10::BFloat16* feats,
-                     int64_t ldf, int64_t K, const c10::BFloat16* W, int64_t N, float* out, int64_t ldo,
-                     __mmask16 tail, bool accumulate) {
-  if constexpr (P > 0) {
-    if (p == P) return narrow_kernel_bf16<P, NV>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate);
-    narrow_of_pairs<NV, P - 1>(p, count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate);
+    store_register_row<NV>(acc, o, tail, accumulate);
   }
 }
 
@@ -286,10 +264,12 @@ bool narrow_pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, con
   const int64_t nv = (N + 15) / 16, pairs = (K + 1) / 2;
   if (K < 1 || N < 1 || nv > 2 || pairs > kNarrowK[nv]) return false;
   const __mmask16 tail = static_cast<__mmask16>((1u << (N - 16 * (nv - 1))) - 1u);
-  if (nv == 1)
-    narrow_of_pairs<1, kNarrowK[1]>(pairs, count, src, dst, feats, ldf, K, W_packed, N, out, ldo, tail, accumulate);
-  else
-    narrow_of_pairs<2, kNarrowK[2]>(pairs, count, src, dst, feats, ldf, K, W_packed, N, out, ldo, tail, accumulate);
+  const auto run = [&](auto p, auto nv_) {
+    narrow_kernel_bf16<decltype(p)::value, decltype(nv_)::value>(count, src, dst, feats, ldf, K, W_packed, N, out,
+                                                                 ldo, tail, accumulate);
+  };
+  if (nv == 1) with_constant<kNarrowK[1]>(pairs, [&](auto p) { run(p, std::integral_constant<int, 1>{}); });
+  else with_constant<kNarrowK[2]>(pairs, [&](auto p) { run(p, std::integral_constant<int, 2>{}); });
   return true;
 }
 

@@ -183,13 +183,14 @@ at::Tensor pairs_wgrad_with(Tiles, const at::Tensor& feats, const at::Tensor& gr
   const T* g = grad.data_ptr<T>();
   Acc* part = partials.data_ptr<Acc>();
   // Float32 with the register kernel: no transposed tile is gathered (pair_wgrad.h).
+  constexpr bool kRegisterWgrad = std::is_same_v<T, float> && std::is_same_v<Tiles, FloatTiles<float>>;
   bool registers = false;
-  if constexpr (std::is_same_v<T, float> && std::is_same_v<Tiles, FloatTiles<float>>) registers = pair_gemm_available();
+  if constexpr (kRegisterWgrad) registers = pair_gemm_available();
   parallel_items(static_cast<int64_t>(items.size()), [&](int64_t it) {
     const Item item = items[it];
     const int32_t* src = src_idx.data_ptr<int32_t>() + off[item.k];
     const int32_t* dst = dst_idx.data_ptr<int32_t>() + off[item.k];
-    if constexpr (std::is_same_v<T, float> && std::is_same_v<Tiles, FloatTiles<float>>) {
+    if constexpr (kRegisterWgrad) {
       if (registers) {
         for (int64_t r0 = item.begin; r0 < item.end; r0 += chunk)
           pair_wgrad(std::min(chunk, item.end - r0), src + r0, dst + r0, f, c_src, g, c_dst,

@@ -56,15 +56,6 @@ TSPP_AVX512_TARGET void outer_kernel(int64_t count, const int32_t* src, const in
 template <int NV>
 constexpr int kBlockRows = NV == 1 ? 12 : NV == 2 ? 12 : NV == 3 ? 8 : 6;
 
-// Picks the instantiation for a block of `rows` <= MR rows.
-template <int NV, int MR, typename... Args>
-void block_of_rows(int64_t rows, Args... args) {
-  if constexpr (MR > 0) {
-    if (rows == MR) return outer_kernel<MR, NV>(args...);
-    block_of_rows<NV, MR - 1>(rows, args...);
-  }
-}
-
 template <int NV>
 void column_block(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t c_src,
                   const float* grad, int64_t c_dst, int64_t n0, float* dw, __mmask16 tail, bool accumulate) {
@@ -73,8 +64,10 @@ void column_block(int64_t count, const int32_t* src, const int32_t* dst, const f
     // The first block of the call meets the chunk's rows in memory; it fetches them ahead.
     const bool first = n0 == 0 && i0 == 0;
     const int64_t pf = first ? c_src * int64_t(sizeof(float)) : 0, pg = first ? c_dst * int64_t(sizeof(float)) : 0;
-    block_of_rows<NV, MR>(std::min<int64_t>(MR, c_src - i0), count, src, dst, feats + i0, c_src, grad + n0, c_dst,
-                          dw + i0 * c_dst + n0, c_dst, tail, accumulate, pf, pg, feats, grad);
+    with_constant<MR>(std::min<int64_t>(MR, c_src - i0), [&](auto rows) {
+      outer_kernel<decltype(rows)::value, NV>(count, src, dst, feats + i0, c_src, grad + n0, c_dst,
+                                              dw + i0 * c_dst + n0, c_dst, tail, accumulate, pf, pg, feats, grad);
+    });
   }
 }
 

@@ -1,28 +1,45 @@
-// Writing a block of AVX-512 accumulators to memory, shared by the register kernels.
+// Shared pieces of the AVX-512 register kernels: storing a block of accumulators, and picking
+// the instantiation of a kernel templated on a small size known only at run time.
 #pragma once
 
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu_features.h"
 
 namespace torchsparse_pp {
 
-// c[m * ldc + 16 v ..] = acc[m][v] (+ what is there, with `accumulate`) for MR rows and NV
-// vectors of 16 columns; the last vector stores under `tail`.
+// row[16 v ..] = acc[v] (+ what is there, with `accumulate`) for NV vectors of 16 columns; the
+// last vector stores under `tail`.
+template <int NV>
+TSPP_AVX512_TARGET inline void store_register_row(__m512 (&acc)[NV], float* row, __mmask16 tail, bool accumulate) {
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    const __mmask16 k = v == NV - 1 ? tail : __mmask16(0xFFFF);
+    float* c = row + 16 * v;
+    const __m512 sum = accumulate ? _mm512_add_ps(acc[v], _mm512_maskz_loadu_ps(k, c)) : acc[v];
+    _mm512_mask_storeu_ps(c, k, sum);
+  }
+}
+
+// The same for MR rows c + m * ldc.
 template <int MR, int NV>
 TSPP_AVX512_TARGET inline void store_register_tile(__m512 (&acc)[MR][NV], float* c, int64_t ldc, __mmask16 tail,
                                                    bool accumulate) {
 #pragma GCC unroll 16
-  for (int m = 0; m < MR; ++m)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 k = v == NV - 1 ? tail : __mmask16(0xFFFF);
-      float* row = c + m * ldc + 16 * v;
-      const __m512 sum = accumulate ? _mm512_add_ps(acc[m][v], _mm512_maskz_loadu_ps(k, row)) : acc[m][v];
-      _mm512_mask_storeu_ps(row, k, sum);
-    }
+  for (int m = 0; m < MR; ++m) store_register_row<NV>(acc[m], c + m * ldc, tail, accumulate);
+}
+
+// fn(std::integral_constant<int, V>{}) for the V in [1, Max] that equals `value`; nothing when
+// none does.
+template <int Max, typename Fn>
+inline void with_constant(int64_t value, Fn&& fn) {
+  if constexpr (Max > 0) {
+    if (value == Max) return fn(std::integral_constant<int, Max>{});
+    with_constant<Max - 1>(value, fn);
+  }
 }
 
 }  // namespace torchsparse_pp
