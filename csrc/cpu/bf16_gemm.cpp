@@ -15,8 +15,9 @@ namespace {
 // acc[m][v] += A-pair(m, p) . B-pairs(p, 16 v .. 16 v + 15) for every pair p: MR rows by NV
 // vectors of 16 columns; the last vector loads and stores under `tail`.
 template <int MR, int NV>
-TSPP_AVX512_BF16_TARGET void micro_kernel(int64_t pairs, const uint32_t* A, int64_t row_stride, int64_t pair_stride,
-                                   const uint32_t* B, int64_t N, float* C, int64_t ldc, __mmask16 tail, bool accumulate) {
+TSPP_AVX512_BF16_TARGET void micro_kernel(int64_t pairs, const uint32_t* A, int64_t row_stride,
+                                          int64_t pair_stride, const uint32_t* B, int64_t N, float* C, int64_t ldc,
+                                          __mmask16 tail, bool accumulate) {
   // Fully unrolled so that the accumulators live in registers (GCC keeps a partly indexed
   // array of vectors on the stack).
   __m512 acc[MR][NV];
@@ -44,8 +45,8 @@ TSPP_AVX512_BF16_TARGET void micro_kernel(int64_t pairs, const uint32_t* A, int6
 // narrower instantiation.
 template <int NV>
 TSPP_AVX512_BF16_TARGET void column_block(int64_t M, int64_t pairs, const uint32_t* A, int64_t row_stride,
-                                   int64_t pair_stride, const uint32_t* B, int64_t N, float* C, int64_t ldc,
-                                   __mmask16 tail, bool accumulate) {
+                                          int64_t pair_stride, const uint32_t* B, int64_t N, float* C, int64_t ldc,
+                                          __mmask16 tail, bool accumulate) {
   constexpr int MR = NV <= 2 ? 8 : 6;
   int64_t m = 0;
   for (; m + MR <= M; m += MR)

@@ -33,6 +33,12 @@ enum class Relation {
   kWrites,  // p*s - pad + t*d (conv_transpose3d)
 };
 
+// floor(x / s): an arithmetic shift for power-of-two strides (shift = log2(s), else -1; a
+// division costs ~30 cycles, and the common strides are 1 and 2).
+inline int64_t divide_by_stride(int64_t x, int64_t s, int shift) {
+  return shift >= 0 ? (x >> shift) : floor_div(x, s);
+}
+
 // One axis of a relation, with the taps that can reach each residue of p + pad modulo s
 // precomputed, so that the hot loop needs one division per axis instead of one per tap.
 struct AxisRule {
@@ -63,9 +69,7 @@ struct AxisRule {
 
   bool single = false;  // kReadBy with one tap per residue (kernel == stride, e.g. k2 s2)
 
-  // floor(x / s): an arithmetic shift for power-of-two strides (a division costs ~30 cycles,
-  // and the common strides are 1 and 2).
-  int64_t divide(int64_t x) const { return shift >= 0 ? (x >> shift) : floor_div(x, s); }
+  int64_t divide(int64_t x) const { return divide_by_stride(x, s, shift); }
 
   // Coordinates (and taps) that p reaches on this axis; returns how many.
   int reach(int64_t p, int64_t* coord, int64_t* tap) const {
@@ -137,7 +141,7 @@ struct SingleTapAxis {
 
   // The one (coordinate, tap) p reaches; false if it is outside the range.
   bool reach(int64_t p, int64_t& coord, int64_t& tap) const {
-    const int64_t base = shift >= 0 ? ((p + pad) >> shift) : floor_div(p + pad, s), r = p + pad - base * s;
+    const int64_t base = divide_by_stride(p + pad, s, shift), r = p + pad - base * s;
     coord = base - behind[r];
     tap = taps[r];
     return range < 0 || (coord >= 0 && coord < range);
@@ -229,12 +233,22 @@ at::Tensor coords_of(const std::vector<uint64_t>& keys, const at::TensorOptions&
   return coords;
 }
 
-// Raises for a map cell claimed by two inputs, which happens only for duplicate coordinates.
-void check_unique_claims(int64_t dup_row) {
-  TORCH_CHECK(dup_row == kNoRow, "duplicate coordinate at row ", dup_row,
-              ": the coordinates of a SparseTensor must be unique "
-              "(torchsparse_pp.utils.sparse_quantize removes duplicates)");
-}
+// Map cells being filled: an (output, offset) cell determines its input coordinate, so a cell
+// claimed by two inputs means duplicate coordinates; check() names the first such row.
+struct CellClaims {
+  int64_t dup_row = kNoRow;
+
+  void claim(int32_t& cell, int64_t p) {
+    if (cell >= 0) dup_row = std::min<int64_t>(dup_row, std::max<int64_t>(p, cell));
+    cell = static_cast<int32_t>(p);
+  }
+
+  void check() const {
+    TORCH_CHECK(dup_row == kNoRow, "duplicate coordinate at row ", dup_row,
+                ": the coordinates of a SparseTensor must be unique "
+                "(torchsparse_pp.utils.sparse_quantize removes duplicates)");
+  }
+};
 
 // Walks sorted candidates against the sorted unique keys they belong to, calling
 // fn(unique index, row, offset) for each candidate whose key is among `unique`.
@@ -269,8 +283,7 @@ std::tuple<at::Tensor, at::Tensor> reached_outputs(const Candidates& cand, int64
   int32_t* c = out_coords.data_ptr<int32_t>();
   int32_t* m = out_in.data_ptr<int32_t>();
   std::fill(m + outputs * K, m + rows * K, -1);  // padding rows
-  // An (output, offset) cell determines its input coordinate: a second claim is a duplicate.
-  int64_t dup_row = kNoRow;
+  CellClaims claims;
   int64_t q = -1;  // the output of candidate i
   int32_t* row = nullptr;
   for (int64_t i = 0; i < reached; ++i) {
@@ -279,12 +292,9 @@ std::tuple<at::Tensor, at::Tensor> reached_outputs(const Candidates& cand, int64
       std::fill(row, row + K, -1);
       unpack_coord(static_cast<int64_t>(keys[i]), c + 4 * q);
     }
-    const auto p = static_cast<int64_t>(cand.payload[i] >> 32);
-    int32_t& cell = row[cand.payload[i] & 0xFFFFFFFFu];
-    if (cell >= 0) dup_row = std::min<int64_t>(dup_row, std::max<int64_t>(p, cell));
-    cell = static_cast<int32_t>(p);
+    claims.claim(row[cand.payload[i] & 0xFFFFFFFFu], static_cast<int64_t>(cand.payload[i] >> 32));
   }
-  check_unique_claims(dup_row);
+  claims.check();
   return {out_coords, out_in};
 }
 
@@ -326,13 +336,9 @@ std::tuple<at::Tensor, at::Tensor> kmap_downsample_cpu(const at::Tensor& coords_
   auto out_coords = coords_of(out_keys, coords.options());
   auto out_in = at::full({padded_rows(out_coords.size(0), pad_rows_to), K}, -1, coords.options());
   int32_t* m = out_in.data_ptr<int32_t>();
-  int64_t dup_row = kNoRow;
-  join(reached, out_keys, [&](int64_t q, int64_t p, int64_t k) {
-    int32_t& cell = m[q * K + k];
-    if (cell >= 0) dup_row = std::min<int64_t>(dup_row, std::max<int64_t>(p, cell));
-    cell = static_cast<int32_t>(p);
-  });
-  check_unique_claims(dup_row);
+  CellClaims claims;
+  join(reached, out_keys, [&](int64_t q, int64_t p, int64_t k) { claims.claim(m[q * K + k], p); });
+  claims.check();
   return {out_coords, out_in};
 }
 
