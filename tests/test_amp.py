@@ -155,6 +155,8 @@ FLOAT_OPS = ["sparse_conv", "gather_scatter_forward", "gather_scatter_wgrad", "f
              "triton_fetch_on_demand_forward", "triton_fetch_on_demand_forward_owned", "triton_fetch_on_demand_wgrad",
              "triton_implicit_gemm_forward", "triton_implicit_gemm_wgrad", "triton_gather_scatter_forward",
              "triton_gather_scatter_wgrad"]
+# float32 / float64 only: bf16 features take F.batch_norm (nn.functional.norm.batch_norm_act).
+WIDE_FLOAT_OPS = ["batch_norm_stats", "batch_norm_apply", "batch_norm_backward"]
 
 
 def test_float_ops_list_is_complete():
@@ -164,7 +166,16 @@ def test_float_ops_list_is_complete():
                 if any(isinstance(a, torch.Tensor) and a.is_floating_point()
                        or isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) and t.is_floating_point()
                                                                for t in a) for a in args(m))}
-    assert floating == set(FLOAT_OPS)
+    assert floating == set(FLOAT_OPS) | set(WIDE_FLOAT_OPS)
+
+
+@pytest.mark.parametrize("op", WIDE_FLOAT_OPS)
+def test_wide_float_ops_reject_bfloat16(op, generator):
+    m = Maps(generator)
+    for _, make in CASES[op]:
+        args = tuple(_to_bf16(a) for a in make(m))
+        with pytest.raises(RuntimeError, match="float32 or float64"):
+            getattr(torch.ops.torchsparse_pp, op)(*args)
 
 
 def _to_bf16(value):

@@ -120,6 +120,25 @@ CASES = {
         ("plain", lambda m: (m.randn(m.sub.num_in, 6, requires_grad=True), m.sub.in_coords[:, 0].long(), 2,
                              None, None, 1e-5)),
     ],
+    "batch_norm_stats": [(f"{dt}", lambda m, dt=dt: (m.randn(m.sub.num_in, 6, dtype=dt), 1e-5))
+                         for dt in (torch.float32, torch.float64)],
+    "batch_norm_apply": [
+        ("residual_relu", lambda m: (m.randn(m.sub.num_in, 6), m.randn(6), m.randn(6), m.randn(m.sub.num_in, 6),
+                                     True)),
+        ("plain", lambda m: (m.randn(m.sub.num_in, 6, dtype=torch.float64), m.randn(6, dtype=torch.float64),
+                             m.randn(6, dtype=torch.float64), None, False)),
+    ],
+    "batch_norm_backward": [
+        ("relu_residual", lambda m: (m.randn(m.sub.num_in, 6), m.randn(m.sub.num_in, 6), m.randn(6),
+                                     m.randn(6).abs() + 0.5, m.randn(6), m.randn(2, 6), m.randn(m.sub.num_in, 6),
+                                     True)),
+        ("relu", lambda m: (m.randn(m.sub.num_in, 6), m.randn(m.sub.num_in, 6), m.randn(6), m.randn(6).abs() + 0.5,
+                            None, m.randn(2, 6), None, False)),
+        ("plain", lambda m: (m.randn(m.sub.num_in, 6, dtype=torch.float64), m.randn(m.sub.num_in, 6,
+                                                                                    dtype=torch.float64),
+                             m.randn(6, dtype=torch.float64), m.randn(6, dtype=torch.float64).abs() + 0.5, None, None,
+                             None, False)),
+    ],
     "sparse_conv": [(f"{d}", lambda m, d=d: _conv_args(m, d)) for d in DATAFLOW_MODULES]
     + [("inference", lambda m: _conv_args(m, "fetch_on_demand", requires_grad=False))],
     "torch_kmap_submanifold": [("", lambda m: (m.sub.in_coords, K3, ONES, ONES, 128))],

@@ -10,6 +10,14 @@
 #define TSPP_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define TSPP_AVX512_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
+// Memory-bound row loops: one clone per instruction set, picked at load time (GCC function
+// multi-versioning), since the baseline's 128-bit vectors leave most of an AVX-512 core idle.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TSPP_ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TSPP_ROW_CLONES
+#endif
+
 namespace torchsparse_pp {
 
 // AVX-512 F / BW / VL, and with `bf16` also AVX512-BF16 (vdpbf16ps).

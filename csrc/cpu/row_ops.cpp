@@ -1,13 +1,9 @@
 // Multi-versioned row loops (see row_ops.h).
 #include "row_ops.h"
 
-namespace torchsparse_pp {
+#include "cpu_features.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TSPP_ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define TSPP_ROW_CLONES
-#endif
+namespace torchsparse_pp {
 
 namespace {
 

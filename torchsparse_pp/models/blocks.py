@@ -4,15 +4,31 @@ from typing import Optional
 from torch import nn
 
 from ..kmap.geometry import IntOr3
-from ..nn import BatchNorm, Conv3d, FusedConv3d, ReLU, register_fuser
+from ..nn import BatchNorm, Conv3d, FusedConv3d, ReLU, SyncBatchNorm, register_fuser
 from ..nn.fusion import fuse_module
 from ..tensor import SparseTensor
+
+
+def _norm_takes_act(module: nn.Module) -> bool:
+    """Whether ``module`` is one of our BatchNorms, whose forward adds a residual and applies the
+    ReLU in its own pass (a subclass or another norm is called plainly)."""
+    return type(module) in (BatchNorm, SyncBatchNorm)
+
+
+class ConvBNReLU(nn.Sequential):
+    """Sparse conv (no bias: the norm follows), BatchNorm, ReLU: an nn.Sequential (same modules and
+    state_dict keys as one built by hand) whose BatchNorm applies the ReLU in its own pass."""
+
+    def forward(self, x: SparseTensor) -> SparseTensor:
+        if len(self) == 3 and _norm_takes_act(self[1]) and type(self[2]) is ReLU:
+            return self[1](self[0](x), relu=True)
+        return super().forward(x)
 
 
 def conv_bn_relu(in_channels: int, out_channels: int, kernel_size: IntOr3 = 3, stride: IntOr3 = 1,
                  padding: Optional[IntOr3] = None, transposed: bool = False) -> nn.Sequential:
     """Sparse conv (no bias: the norm follows), BatchNorm, ReLU."""
-    return nn.Sequential(
+    return ConvBNReLU(
         Conv3d(in_channels, out_channels, kernel_size, stride=stride, padding=padding, transposed=transposed),
         BatchNorm(out_channels),
         ReLU(True),
@@ -39,6 +55,12 @@ class ResidualBlock(nn.Module):
         self.relu = ReLU(True)
 
     def forward(self, x: SparseTensor) -> SparseTensor:
+        body = self.body
+        if (len(body) == 5 and _norm_takes_act(body[1]) and type(body[2]) is ReLU and _norm_takes_act(body[4])
+                and type(self.relu) is ReLU):
+            # The norms run the ReLUs and the shortcut's add in their own passes.
+            h = body[1](body[0](x), relu=True)
+            return body[4](body[3](h), residual=self.shortcut(x), relu=True)
         return self.relu(self.body(x) + self.shortcut(x))
 
 

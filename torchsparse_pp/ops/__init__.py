@@ -7,6 +7,7 @@ from ._library import load_library
 
 load_library()
 
+from .batch_norm import batch_norm_apply, batch_norm_backward, batch_norm_stats  # noqa: E402
 from .fetch_on_demand import fetch_on_demand_forward, fetch_on_demand_wgrad  # noqa: E402
 from .fused import cpu_bf16_dot, fetch_on_demand_forward_fused  # noqa: E402
 from .gather_scatter import gather_scatter_forward, gather_scatter_wgrad  # noqa: E402
@@ -22,5 +23,5 @@ __all__ = [
     "kmap_transpose", "kmap_plan", "gather_scatter_forward", "gather_scatter_wgrad",
     "fetch_on_demand_forward", "fetch_on_demand_wgrad", "implicit_gemm_forward", "implicit_gemm_wgrad",
     "fetch_on_demand_forward_fused", "cpu_bf16_dot", "pool_pairs_max", "pool_pairs_mean", "segment_max",
-    "segment_mean", "sample_group_norm",
+    "segment_mean", "sample_group_norm", "batch_norm_stats", "batch_norm_apply", "batch_norm_backward",
 ]

@@ -1,5 +1,5 @@
-"""Normalisation of point features: BatchNorm with running statistics as one affine pass, and
-per-sample normalisation (GroupNorm / InstanceNorm semantics)."""
+"""Normalisation of point features: BatchNorm (with its residual add and ReLU fused, CPU kernels
+for float32 / float64), and per-sample normalisation (GroupNorm / InstanceNorm semantics)."""
 from typing import Optional
 
 import torch
@@ -38,3 +38,78 @@ def batch_norm_running(feats: torch.Tensor, running_mean: torch.Tensor, running_
     if bias is not None:
         shift = shift + bias
     return torch.addcmul(shift, feats, scale)
+
+
+def _native_kernels(feats: torch.Tensor, *others: Optional[torch.Tensor]) -> bool:
+    """Whether the C++ BatchNorm kernels take these tensors: contiguous CPU float32 / float64, all
+    of one dtype, in eager mode (a compiled graph keeps ATen's batch_norm, which it can trace)."""
+    return (feats.device.type == "cpu" and feats.dtype in (torch.float32, torch.float64) and feats.dim() == 2
+            and feats.is_contiguous() and not torch.compiler.is_compiling()
+            and all(t is None or (t.dtype == feats.dtype and t.device == feats.device) for t in others))
+
+
+class _BatchNormTrain(torch.autograd.Function):
+    """``act(batch_norm(feats) * weight + bias + residual)`` with batch statistics; also returns
+    (mean, unbiased var) for the running statistics."""
+
+    @staticmethod
+    def forward(ctx, feats, weight, bias, residual, eps, relu):
+        mean, invstd, var = ops.batch_norm_stats(feats, eps)
+        scale = invstd if weight is None else invstd * weight
+        shift = -mean * scale if bias is None else bias - mean * scale
+        affine = torch.stack([scale, shift])
+        out = ops.batch_norm_apply(feats, affine[0], affine[1], residual, relu)
+        # The backward recomputes the ReLU's mask from the input (and residual): no output kept.
+        ctx.save_for_backward(feats, mean, invstd, weight, affine if relu else None, residual if relu else None)
+        ctx.mark_non_differentiable(mean, var)
+        return out, mean, var
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_mean, _grad_var):
+        feats, mean, invstd, weight, affine, residual = ctx.saved_tensors
+        needs_residual = ctx.needs_input_grad[3]
+        grad_feats, grad_weight, grad_bias, grad_masked = ops.batch_norm_backward(
+            grad_out.contiguous(), feats, mean, invstd, weight, affine, residual, needs_residual)
+        grad_residual = None
+        if needs_residual:
+            grad_residual = grad_masked if affine is not None else grad_out
+        return (grad_feats if ctx.needs_input_grad[0] else None, grad_weight if ctx.needs_input_grad[1] else None,
+                grad_bias if ctx.needs_input_grad[2] else None, grad_residual, None, None)
+
+
+def batch_norm_act(feats: torch.Tensor, running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor],
+                   weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], use_batch_stats: bool,
+                   momentum: float, eps: float, residual: Optional[torch.Tensor] = None,
+                   relu: bool = False) -> torch.Tensor:
+    """``act(F.batch_norm(feats, running_mean, running_var, weight, bias, use_batch_stats, momentum,
+    eps) + residual)`` (act: ReLU when ``relu``), the running statistics updated in place as
+    F.batch_norm does. On the CPU in float32 / float64 this is one pass for the statistics and one
+    for the output (the backward: one for the sums, one for the gradients, the ReLU's mask
+    recomputed from the input); elsewhere it is F.batch_norm, the add and the ReLU."""
+    if residual is not None and residual.shape != feats.shape:
+        raise ValueError(f"the residual must match the features' shape {list(feats.shape)}, got {list(residual.shape)}")
+    native = _native_kernels(feats, running_mean, running_var, weight, bias, residual)
+    if native and use_batch_stats and feats.shape[0] > 1:
+        out, mean, var = _BatchNormTrain.apply(feats, weight, bias,
+                                               None if residual is None else residual.contiguous(), eps, relu)
+        if running_mean is not None and running_var is not None:
+            with torch.no_grad():
+                running_mean.mul_(1 - momentum).add_(mean, alpha=momentum)
+                running_var.mul_(1 - momentum).add_(var, alpha=momentum)
+        return out
+    if native and not use_batch_stats and not (torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (feats, weight, bias, residual))):
+        scale = torch.rsqrt(running_var + eps)
+        if weight is not None:
+            scale = scale * weight
+        shift = -running_mean * scale
+        if bias is not None:
+            shift = shift + bias
+        return ops.batch_norm_apply(feats, scale, shift, None if residual is None else residual.contiguous(), relu)
+    if not use_batch_stats:
+        out = batch_norm_running(feats, running_mean, running_var, weight, bias, eps)
+    else:
+        out = torch.nn.functional.batch_norm(feats, running_mean, running_var, weight, bias, True, momentum, eps)
+    if residual is not None:
+        out = out + residual
+    return torch.relu(out) if relu else out

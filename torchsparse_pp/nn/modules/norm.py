@@ -10,8 +10,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ...tensor import SparseTensor
-from ..functional.norm import batch_norm_running, sample_group_norm
+from ...tensor import SparseTensor, require_same_coords
+from ..functional.norm import batch_norm_act as batch_norm_act_features
+from ..functional.norm import sample_group_norm
 from .feature_wise import FeatureWise
 
 
@@ -31,24 +32,41 @@ def _check_traced_points(module: nn.Module, input: SparseTensor) -> None:
         torch._check(input.num_points > 1, lambda: "batch norm needs more than one point per channel when training")
 
 
-def _uses_running_stats(module: nn.modules.batchnorm._BatchNorm) -> bool:
-    return not module.training and module.running_mean is not None and module.running_var is not None
-
-
-def _running_stats_norm(module: nn.modules.batchnorm._BatchNorm, input: SparseTensor) -> SparseTensor:
-    return input.replace_feats(batch_norm_running(input.F, module.running_mean, module.running_var, module.weight,
-                                                  module.bias, module.eps))
+def batch_norm_act(module: nn.modules.batchnorm._BatchNorm, input: SparseTensor,
+                   residual: Optional[SparseTensor] = None, relu: bool = False) -> SparseTensor:
+    """``act(module(input) + residual)`` for a BatchNorm-like module on this process's points
+    (act: ReLU when ``relu``), with torch.nn.BatchNorm1d's bookkeeping: batch statistics when
+    training or without running ones, running statistics updated with ``momentum`` (None: a
+    cumulative average). Blocks pass their residual and ReLU here so they run in the norm's pass."""
+    _check_channels(module, input, module.num_features)
+    _check_traced_points(module, input)
+    if residual is not None:
+        if not isinstance(residual, SparseTensor):
+            raise TypeError(f"the residual must be a SparseTensor, got {type(residual).__name__}")
+        require_same_coords(input, residual, "+")
+        residual_feats = residual.F
+    else:
+        residual_feats = None
+    momentum = 0.0 if module.momentum is None else module.momentum
+    if module.training and module.track_running_stats and module.num_batches_tracked is not None:
+        module.num_batches_tracked.add_(1)
+        momentum = 1.0 / float(module.num_batches_tracked) if module.momentum is None else module.momentum
+    use_batch_stats = module.training or (module.running_mean is None and module.running_var is None)
+    tracked = not module.training or module.track_running_stats
+    feats = batch_norm_act_features(input.F, module.running_mean if tracked else None,
+                                    module.running_var if tracked else None, module.weight, module.bias,
+                                    use_batch_stats, momentum, module.eps, residual_feats, relu)
+    return input.replace_feats(feats)
 
 
 class BatchNorm(FeatureWise, nn.BatchNorm1d):
     """torch.nn.BatchNorm1d over the features of all points in the batch."""
 
-    def forward(self, input: SparseTensor) -> SparseTensor:
-        _check_channels(self, input, self.num_features)
-        _check_traced_points(self, input)
-        if _uses_running_stats(self):
-            return _running_stats_norm(self, input)
-        return super().forward(input)
+    def forward(self, input: SparseTensor, residual: Optional[SparseTensor] = None,
+                relu: bool = False) -> SparseTensor:
+        """The normalised input; blocks may pass ``residual`` (added after the norm) and ``relu``
+        (applied last), which run in the norm's own pass on the CPU."""
+        return batch_norm_act(self, input, residual, relu)
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -89,13 +107,18 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             return 1
         return dist.get_world_size(self.process_group)
 
-    def forward(self, input: SparseTensor) -> SparseTensor:
-        _check_channels(self, input, self.num_features)
+    def forward(self, input: SparseTensor, residual: Optional[SparseTensor] = None,
+                relu: bool = False) -> SparseTensor:
+        """As BatchNorm.forward, with statistics over all processes when training."""
         if not self.training or self._world_size() == 1:
-            _check_traced_points(self, input)
-            if _uses_running_stats(self):
-                return _running_stats_norm(self, input)
-            return input.replace_feats(super().forward(input.F))
+            return batch_norm_act(self, input, residual, relu)
+        out = self._synced_norm(input)
+        if residual is not None:
+            out = out + residual
+        return out.replace_feats(torch.relu(out.F)) if relu else out
+
+    def _synced_norm(self, input: SparseTensor) -> SparseTensor:
+        _check_channels(self, input, self.num_features)
         feats = input.F
         x = feats.to(torch.promote_types(feats.dtype, torch.float32))
         count = torch.tensor([float(x.shape[0])], dtype=x.dtype, device=x.device)

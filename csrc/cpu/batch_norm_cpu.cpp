@@ -1,0 +1,381 @@
+// BatchNorm over [N, C] point features on the CPU (float32 / float64): batch statistics, the
+// normalise-add-ReLU pass and its backward, each one sweep over the rows. ATen's CPU batch_norm
+// treats [N, C] as N images of one pixel and makes several sweeps; a MinkUNet training step spends
+// more time there than the bandwidth asks for.
+//
+// Sums are taken per fixed part of rows (independent of the thread count, so results do not
+// depend on it), in the feature dtype over blocks of kBlockRows rows, folded into double.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu_features.h"
+
+namespace torchsparse_pp {
+
+namespace {
+
+constexpr int64_t kBlockRows = 64;
+constexpr int64_t kPartRows = 2048;
+
+template <typename T>
+inline void fold(const T* block, int64_t n, double* total) {
+  for (int64_t j = 0; j < n; ++j) total[j] += static_cast<double>(block[j]);
+}
+
+// s1 += sum(x - shift), s2 += sum((x - shift)^2) over `rows` rows: shifted sums, so that the
+// variance keeps its digits when the mean is large against the spread.
+template <typename T>
+inline void shifted_sums_impl(const T* __restrict__ x, int64_t rows, int64_t n, const T* __restrict__ shift,
+                              double* __restrict__ s1, double* __restrict__ s2) {
+  std::vector<T> b1(n), b2(n);
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlockRows) {
+    std::fill(b1.begin(), b1.end(), T(0));
+    std::fill(b2.begin(), b2.end(), T(0));
+    T* __restrict__ p1 = b1.data();
+    T* __restrict__ p2 = b2.data();
+    for (int64_t i = r0; i < std::min(rows, r0 + kBlockRows); ++i) {
+      const T* __restrict__ row = x + i * n;
+      for (int64_t j = 0; j < n; ++j) {
+        const T d = row[j] - shift[j];
+        p1[j] += d;
+        p2[j] += d * d;
+      }
+    }
+    fold(p1, n, s1);
+    fold(p2, n, s2);
+  }
+}
+
+// The ReLU's mask as the forward computed it: feats * scale + shift (+ residual) > 0.
+struct ReluMask {
+  const void* scale = nullptr;  // null: no ReLU
+  const void* shift = nullptr;
+  const void* residual = nullptr;
+};
+
+template <bool Relu, bool Residual, typename T>
+inline T masked(T g, T x, const T* __restrict__ scale, const T* __restrict__ shift, const T* __restrict__ r_row,
+                int64_t j) {
+  if constexpr (Relu) {
+    T v = x * scale[j] + shift[j];
+    if constexpr (Residual) v += r_row[j];
+    return v > T(0) ? g : T(0);
+  }
+  return g;
+}
+
+// For the backward: sg += sum(g), sgx += sum(g * (x - mean)), g = dy, or dy under the ReLU's mask.
+template <bool Relu, bool Residual, typename T>
+inline void grad_sums_impl(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ residual,
+                           int64_t rows, int64_t n, const T* __restrict__ mean, const T* __restrict__ scale,
+                           const T* __restrict__ shift, double* __restrict__ sg, double* __restrict__ sgx) {
+  std::vector<T> b1(n), b2(n);
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlockRows) {
+    std::fill(b1.begin(), b1.end(), T(0));
+    std::fill(b2.begin(), b2.end(), T(0));
+    T* __restrict__ p1 = b1.data();
+    T* __restrict__ p2 = b2.data();
+    for (int64_t i = r0; i < std::min(rows, r0 + kBlockRows); ++i) {
+      const T* __restrict__ g_row = dy + i * n;
+      const T* __restrict__ x_row = x + i * n;
+      const T* __restrict__ r_row = Residual ? residual + i * n : nullptr;
+      for (int64_t j = 0; j < n; ++j) {
+        const T g = masked<Relu, Residual>(g_row[j], x_row[j], scale, shift, r_row, j);
+        p1[j] += g;
+        p2[j] += g * (x_row[j] - mean[j]);
+      }
+    }
+    fold(p1, n, sg);
+    fold(p2, n, sgx);
+  }
+}
+
+// y = act(x * scale + shift + residual), row by row.
+template <bool Residual, bool Relu, typename T>
+inline void apply_impl(const T* __restrict__ x, const T* __restrict__ residual, int64_t rows, int64_t n,
+                       const T* __restrict__ scale, const T* __restrict__ shift, T* __restrict__ y) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* __restrict__ x_row = x + i * n;
+    const T* __restrict__ r_row = Residual ? residual + i * n : nullptr;
+    T* __restrict__ y_row = y + i * n;
+    for (int64_t j = 0; j < n; ++j) {
+      T v = x_row[j] * scale[j] + shift[j];
+      if constexpr (Residual) v += r_row[j];
+      if constexpr (Relu) v = v > T(0) ? v : T(0);
+      y_row[j] = v;
+    }
+  }
+}
+
+// dx = a * g + b * (x - mean) + c; masked_out[i] = g when asked (the residual's gradient).
+template <bool Relu, bool Residual, typename T>
+inline void grad_input_impl(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ residual,
+                            int64_t rows, int64_t n, const T* __restrict__ mean, const T* __restrict__ scale,
+                            const T* __restrict__ shift, const T* __restrict__ a, const T* __restrict__ b,
+                            const T* __restrict__ c, T* __restrict__ dx, T* __restrict__ masked_out) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* __restrict__ g_row = dy + i * n;
+    const T* __restrict__ x_row = x + i * n;
+    const T* __restrict__ r_row = Residual ? residual + i * n : nullptr;
+    T* __restrict__ d_row = dx + i * n;
+    if (masked_out != nullptr) {
+      T* __restrict__ m_row = masked_out + i * n;
+      for (int64_t j = 0; j < n; ++j) {
+        const T g = masked<Relu, Residual>(g_row[j], x_row[j], scale, shift, r_row, j);
+        m_row[j] = g;
+        d_row[j] = a[j] * g + b[j] * (x_row[j] - mean[j]) + c[j];
+      }
+    } else {
+      for (int64_t j = 0; j < n; ++j) {
+        const T g = masked<Relu, Residual>(g_row[j], x_row[j], scale, shift, r_row, j);
+        d_row[j] = a[j] * g + b[j] * (x_row[j] - mean[j]) + c[j];
+      }
+    }
+  }
+}
+
+// Multi-versioned entry points (target_clones needs plain functions).
+TSPP_ROW_CLONES void shifted_sums(const float* x, int64_t rows, int64_t n, const float* shift, double* s1,
+                                  double* s2) {
+  shifted_sums_impl(x, rows, n, shift, s1, s2);
+}
+TSPP_ROW_CLONES void shifted_sums(const double* x, int64_t rows, int64_t n, const double* shift, double* s1,
+                                  double* s2) {
+  shifted_sums_impl(x, rows, n, shift, s1, s2);
+}
+
+template <typename T>
+inline void grad_sums_dispatch(const T* dy, const T* x, int64_t rows, int64_t n, const T* mean, const ReluMask& relu,
+                               double* sg, double* sgx) {
+  const T* scale = static_cast<const T*>(relu.scale);
+  const T* shift = static_cast<const T*>(relu.shift);
+  const T* r = static_cast<const T*>(relu.residual);
+  if (scale == nullptr) return grad_sums_impl<false, false>(dy, x, r, rows, n, mean, scale, shift, sg, sgx);
+  r != nullptr ? grad_sums_impl<true, true>(dy, x, r, rows, n, mean, scale, shift, sg, sgx)
+               : grad_sums_impl<true, false>(dy, x, r, rows, n, mean, scale, shift, sg, sgx);
+}
+TSPP_ROW_CLONES void grad_sums(const float* dy, const float* x, int64_t rows, int64_t n, const float* mean,
+                               const ReluMask& relu, double* sg, double* sgx) {
+  grad_sums_dispatch(dy, x, rows, n, mean, relu, sg, sgx);
+}
+TSPP_ROW_CLONES void grad_sums(const double* dy, const double* x, int64_t rows, int64_t n, const double* mean,
+                               const ReluMask& relu, double* sg, double* sgx) {
+  grad_sums_dispatch(dy, x, rows, n, mean, relu, sg, sgx);
+}
+
+template <typename T>
+inline void apply_dispatch(const T* x, const T* residual, int64_t rows, int64_t n, const T* scale, const T* shift,
+                           bool relu, T* y) {
+  if (residual != nullptr) {
+    relu ? apply_impl<true, true>(x, residual, rows, n, scale, shift, y)
+         : apply_impl<true, false>(x, residual, rows, n, scale, shift, y);
+  } else {
+    relu ? apply_impl<false, true>(x, residual, rows, n, scale, shift, y)
+         : apply_impl<false, false>(x, residual, rows, n, scale, shift, y);
+  }
+}
+TSPP_ROW_CLONES void apply_rows(const float* x, const float* residual, int64_t rows, int64_t n, const float* scale,
+                                const float* shift, bool relu, float* y) {
+  apply_dispatch(x, residual, rows, n, scale, shift, relu, y);
+}
+TSPP_ROW_CLONES void apply_rows(const double* x, const double* residual, int64_t rows, int64_t n,
+                                const double* scale, const double* shift, bool relu, double* y) {
+  apply_dispatch(x, residual, rows, n, scale, shift, relu, y);
+}
+
+template <typename T>
+inline void grad_input_dispatch(const T* dy, const T* x, int64_t rows, int64_t n, const T* mean,
+                                const ReluMask& relu, const T* a, const T* b, const T* c, T* dx, T* masked_out) {
+  const T* scale = static_cast<const T*>(relu.scale);
+  const T* shift = static_cast<const T*>(relu.shift);
+  const T* r = static_cast<const T*>(relu.residual);
+  if (scale == nullptr)
+    return grad_input_impl<false, false>(dy, x, r, rows, n, mean, scale, shift, a, b, c, dx, masked_out);
+  r != nullptr ? grad_input_impl<true, true>(dy, x, r, rows, n, mean, scale, shift, a, b, c, dx, masked_out)
+               : grad_input_impl<true, false>(dy, x, r, rows, n, mean, scale, shift, a, b, c, dx, masked_out);
+}
+TSPP_ROW_CLONES void grad_input_rows(const float* dy, const float* x, int64_t rows, int64_t n, const float* mean,
+                                     const ReluMask& relu, const float* a, const float* b, const float* c, float* dx,
+                                     float* masked_out) {
+  grad_input_dispatch(dy, x, rows, n, mean, relu, a, b, c, dx, masked_out);
+}
+TSPP_ROW_CLONES void grad_input_rows(const double* dy, const double* x, int64_t rows, int64_t n, const double* mean,
+                                     const ReluMask& relu, const double* a, const double* b, const double* c,
+                                     double* dx, double* masked_out) {
+  grad_input_dispatch(dy, x, rows, n, mean, relu, a, b, c, dx, masked_out);
+}
+
+// Per-part double sums of two per-channel quantities, added up in part order.
+template <typename PartFn>
+std::vector<double> part_sums(int64_t rows, int64_t n, const PartFn& part_fn) {
+  const int64_t parts = (rows + kPartRows - 1) / kPartRows;
+  std::vector<double> partial(static_cast<size_t>(parts * 2 * n), 0.0);
+  at::parallel_for(0, parts, 1, [&](int64_t pb, int64_t pe) {
+    for (int64_t p = pb; p < pe; ++p) {
+      double* s = partial.data() + p * 2 * n;
+      part_fn(p * kPartRows, std::min(rows, (p + 1) * kPartRows) - p * kPartRows, s, s + n);
+    }
+  });
+  std::vector<double> total(static_cast<size_t>(2 * n), 0.0);
+  for (int64_t p = 0; p < parts; ++p)
+    for (int64_t j = 0; j < 2 * n; ++j) total[j] += partial[p * 2 * n + j];
+  return total;
+}
+
+void check_features(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), "batch_norm: ", name, " must be a CPU tensor");
+  TORCH_CHECK(t.dim() == 2 && t.is_contiguous(), "batch_norm: ", name, " must be a contiguous [N, C] tensor, got ",
+              t.sizes());
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, "batch_norm: ", name,
+              " must be float32 or float64, got ", t.scalar_type());
+}
+
+void check_like(const at::Tensor& t, const at::Tensor& like, const char* name) {
+  TORCH_CHECK(t.scalar_type() == like.scalar_type() && t.device() == like.device(), "batch_norm: ", name,
+              " must be ", like.scalar_type(), " on ", like.device());
+  TORCH_CHECK(t.is_contiguous(), "batch_norm: ", name, " must be contiguous");
+}
+
+void check_channels(const at::Tensor& t, const at::Tensor& feats, const char* name) {
+  check_like(t, feats, name);
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == feats.size(1), "batch_norm: ", name, " must have ", feats.size(1),
+              " entries, got ", t.sizes());
+}
+
+// (mean, 1 / sqrt(var + eps), unbiased var) per channel, var the biased batch variance.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_stats_cpu(const at::Tensor& feats, double eps) {
+  check_features(feats, "feats");
+  const int64_t rows = feats.size(0), n = feats.size(1);
+  TORCH_CHECK(rows > 1, "batch_norm: more than one point per channel is needed for batch statistics, got ", rows);
+  auto mean = at::empty({n}, feats.options());
+  auto invstd = at::empty({n}, feats.options());
+  auto var = at::empty({n}, feats.options());
+  AT_DISPATCH_FLOATING_TYPES(feats.scalar_type(), "batch_norm_stats", [&] {
+    const scalar_t* x = feats.data_ptr<scalar_t>();
+    const scalar_t* shift = x;  // the first row
+    const auto sums = part_sums(rows, n, [&](int64_t r0, int64_t count, double* s1, double* s2) {
+      shifted_sums(x + r0 * n, count, n, shift, s1, s2);
+    });
+    scalar_t* m = mean.data_ptr<scalar_t>();
+    scalar_t* is = invstd.data_ptr<scalar_t>();
+    scalar_t* v = var.data_ptr<scalar_t>();
+    for (int64_t j = 0; j < n; ++j) {
+      const double d = sums[j] / rows;
+      const double biased = std::max(sums[n + j] / rows - d * d, 0.0);
+      m[j] = static_cast<scalar_t>(static_cast<double>(shift[j]) + d);
+      is[j] = static_cast<scalar_t>(1.0 / std::sqrt(biased + eps));
+      v[j] = static_cast<scalar_t>(biased * rows / (rows - 1));
+    }
+  });
+  return {mean, invstd, var};
+}
+
+at::Tensor batch_norm_apply_cpu(const at::Tensor& feats, const at::Tensor& scale, const at::Tensor& shift,
+                                const c10::optional<at::Tensor>& residual, bool relu) {
+  check_features(feats, "feats");
+  check_channels(scale, feats, "scale");
+  check_channels(shift, feats, "shift");
+  if (residual.has_value()) {
+    check_like(*residual, feats, "residual");
+    TORCH_CHECK(residual->sizes() == feats.sizes(), "batch_norm: residual must be ", feats.sizes(), ", got ",
+                residual->sizes());
+  }
+  auto out = at::empty_like(feats);
+  const int64_t rows = feats.size(0), n = feats.size(1);
+  AT_DISPATCH_FLOATING_TYPES(feats.scalar_type(), "batch_norm_apply", [&] {
+    const scalar_t* x = feats.data_ptr<scalar_t>();
+    const scalar_t* r = residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr;
+    scalar_t* y = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
+      apply_rows(x + begin * n, r ? r + begin * n : nullptr, end - begin, n, scale.data_ptr<scalar_t>(),
+                 shift.data_ptr<scalar_t>(), relu, y + begin * n);
+    });
+  });
+  return out;
+}
+
+// Gradients of out = act(bn(feats) * weight + bias [+ residual]) given the batch statistics.
+// `relu_affine` ([2, C]: the forward's scale and shift) is given when act is the ReLU: its mask is
+// recomputed from feats (and `residual`) rather than read from a saved output. The fourth result
+// is the residual's gradient (grad_out under the mask) when `residual_grad` and act is the ReLU,
+// else empty.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cpu(
+    const at::Tensor& grad_out, const at::Tensor& feats, const at::Tensor& mean, const at::Tensor& invstd,
+    const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& relu_affine,
+    const c10::optional<at::Tensor>& residual, bool residual_grad) {
+  check_features(feats, "feats");
+  check_like(grad_out, feats, "grad_out");
+  TORCH_CHECK(grad_out.sizes() == feats.sizes(), "batch_norm: grad_out must be ", feats.sizes());
+  check_channels(mean, feats, "mean");
+  check_channels(invstd, feats, "invstd");
+  if (weight.has_value()) check_channels(*weight, feats, "weight");
+  const bool relu = relu_affine.has_value();
+  if (relu) {
+    check_like(*relu_affine, feats, "relu_affine");
+    TORCH_CHECK(relu_affine->dim() == 2 && relu_affine->size(0) == 2 && relu_affine->size(1) == feats.size(1),
+                "batch_norm: relu_affine must be [2, ", feats.size(1), "], got ", relu_affine->sizes());
+  }
+  if (residual.has_value()) {
+    TORCH_CHECK(relu, "batch_norm: the residual is only read for the ReLU's mask");
+    check_like(*residual, feats, "residual");
+    TORCH_CHECK(residual->sizes() == feats.sizes(), "batch_norm: residual must be ", feats.sizes());
+  }
+  const int64_t rows = feats.size(0), n = feats.size(1);
+  auto grad_feats = at::empty_like(feats);
+  auto grad_weight = at::empty({n}, feats.options());
+  auto grad_bias = at::empty({n}, feats.options());
+  auto masked_grad = residual_grad && relu ? at::empty_like(feats) : at::empty({0}, feats.options());
+  AT_DISPATCH_FLOATING_TYPES(feats.scalar_type(), "batch_norm_backward", [&] {
+    const scalar_t* dy = grad_out.data_ptr<scalar_t>();
+    const scalar_t* x = feats.data_ptr<scalar_t>();
+    const scalar_t* m = mean.data_ptr<scalar_t>();
+    const scalar_t* is = invstd.data_ptr<scalar_t>();
+    const scalar_t* r = residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr;
+    auto mask_at = [&](int64_t r0) {
+      ReluMask mask;
+      if (relu) {
+        mask.scale = relu_affine->data_ptr<scalar_t>();
+        mask.shift = relu_affine->data_ptr<scalar_t>() + n;
+        mask.residual = r ? r + r0 * n : nullptr;
+      }
+      return mask;
+    };
+    const auto sums = part_sums(rows, n, [&](int64_t r0, int64_t count, double* sg, double* sgx) {
+      grad_sums(dy + r0 * n, x + r0 * n, count, n, m, mask_at(r0), sg, sgx);
+    });
+    std::vector<scalar_t> a(n), b(n), c(n);
+    scalar_t* gw = grad_weight.data_ptr<scalar_t>();
+    scalar_t* gb = grad_bias.data_ptr<scalar_t>();
+    for (int64_t j = 0; j < n; ++j) {
+      const double w = weight.has_value() ? static_cast<double>(weight->data_ptr<scalar_t>()[j]) : 1.0;
+      const double s = is[j], sg = sums[j], sgx = sums[n + j];
+      gb[j] = static_cast<scalar_t>(sg);
+      gw[j] = static_cast<scalar_t>(sgx * s);
+      a[j] = static_cast<scalar_t>(w * s);
+      b[j] = static_cast<scalar_t>(-w * s * s * s * sgx / rows);
+      c[j] = static_cast<scalar_t>(-w * s * sg / rows);
+    }
+    scalar_t* dx = grad_feats.data_ptr<scalar_t>();
+    scalar_t* mk = masked_grad.numel() ? masked_grad.data_ptr<scalar_t>() : nullptr;
+    at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
+      grad_input_rows(dy + begin * n, x + begin * n, end - begin, n, m, mask_at(begin), a.data(), b.data(),
+                      c.data(), dx + begin * n, mk ? mk + begin * n : nullptr);
+    });
+  });
+  return {grad_feats, grad_weight, grad_bias, masked_grad};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchsparse_pp, CPU, m) {
+  m.impl("batch_norm_stats", &batch_norm_stats_cpu);
+  m.impl("batch_norm_apply", &batch_norm_apply_cpu);
+  m.impl("batch_norm_backward", &batch_norm_backward_cpu);
+}
+
+}  // namespace torchsparse_pp

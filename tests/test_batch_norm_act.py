@@ -1,0 +1,231 @@
+"""BatchNorm with its residual add and ReLU in one pass (the CPU kernels behind BatchNorm and the
+model blocks) against torch's own batch_norm + add + relu in float64, torch.autograd.gradcheck,
+and the blocks against their module-by-module forward."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as TF
+from torch import nn
+
+from conftest import shuffled_coords
+from torchsparse_pp import SparseTensor
+from torchsparse_pp import ops
+from torchsparse_pp.models.blocks import ConvBNReLU, ResidualBlock, conv_bn_relu
+from torchsparse_pp.nn import BatchNorm, LeakyReLU, ReLU
+from torchsparse_pp.nn.functional.norm import batch_norm_act
+
+
+def random_feats(gen, n, c, dtype=torch.float64, offset=2.0):
+    scale = torch.rand(c, generator=gen, dtype=torch.float64) * 3 + 0.2
+    shift = torch.randn(c, generator=gen, dtype=torch.float64) * offset
+    return (torch.randn(n, c, generator=gen, dtype=torch.float64) * scale + shift).to(dtype)
+
+
+def torch_reference(feats, running_mean, running_var, weight, bias, training, momentum, eps, residual, relu):
+    out = TF.batch_norm(feats, running_mean, running_var, weight, bias, training, momentum, eps)
+    if residual is not None:
+        out = out + residual
+    return TF.relu(out) if relu else out
+
+
+def leaves(gen, n, c, dtype, affine, with_residual):
+    feats = random_feats(gen, n, c, dtype)
+    weight = (torch.rand(c, generator=gen, dtype=torch.float64) + 0.5).to(dtype) if affine else None
+    bias = torch.randn(c, generator=gen, dtype=torch.float64).to(dtype) if affine else None
+    residual = random_feats(gen, n, c, dtype, offset=0.5) if with_residual else None
+    return [t if t is None else t.clone().requires_grad_(True) for t in (feats, weight, bias, residual)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("relu", [False, True])
+def test_training_matches_torch(gen, dtype, affine, with_residual, relu):
+    """Forward, every gradient and the running statistics against F.batch_norm + add + relu in
+    float64 (rows spanning several of the kernel's parts and blocks)."""
+    n, c = 4133, 7
+    ours = leaves(gen, n, c, dtype, affine, with_residual)
+    ref = [t if t is None else t.detach().double().requires_grad_(True) for t in ours]
+    stats = [torch.randn(c, generator=gen, dtype=torch.float64), torch.rand(c, generator=gen, dtype=torch.float64) + 1]
+    ours_stats = [s.clone().to(dtype) for s in stats]
+    out = batch_norm_act(ours[0], *ours_stats, ours[1], ours[2], True, 0.3, 1e-5, ours[3], relu)
+    expected = torch_reference(ref[0], *stats, ref[1], ref[2], True, 0.3, 1e-5, ref[3], relu)
+    assert out.dtype == dtype and expected.std() > 0
+    tol = dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(out.double(), expected, **tol)
+    for ours_s, ref_s in zip(ours_stats, stats):
+        torch.testing.assert_close(ours_s.double(), ref_s, **tol)
+    grad_out = torch.randn(n, c, generator=gen, dtype=torch.float64)
+    out.backward(grad_out.to(dtype))
+    expected.backward(grad_out)
+    for a, b in zip(ours, ref):
+        if a is not None:
+            scale = b.grad.abs().max().item()
+            assert scale > 0
+            assert (a.grad.double() - b.grad).abs().max().item() <= tol["rtol"] * 10 * scale
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_eval_matches_torch(gen, dtype, with_residual):
+    """Running statistics, with and without autograd (the one-pass kernel runs without)."""
+    n, c = 777, 12
+    ours = leaves(gen, n, c, dtype, True, with_residual)
+    stats = [torch.randn(c, generator=gen, dtype=torch.float64).to(dtype),
+             (torch.rand(c, generator=gen, dtype=torch.float64) + 0.1).to(dtype)]
+    expected = torch_reference(*[t if t is None else t.detach().double() for t in ours[:1]],
+                               *[s.double() for s in stats],
+                               *[t if t is None else t.detach().double() for t in ours[1:3]], False, 0.1, 1e-5,
+                               None if ours[3] is None else ours[3].detach().double(), True)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        fast = batch_norm_act(ours[0], *stats, ours[1], ours[2], False, 0.1, 1e-5, ours[3], True)
+    torch.testing.assert_close(fast.double(), expected, **tol)
+    tracked = batch_norm_act(ours[0], *stats, ours[1], ours[2], False, 0.1, 1e-5, ours[3], True)
+    assert tracked.requires_grad
+    torch.testing.assert_close(tracked.double(), expected, **tol)
+
+
+def test_gradcheck(gen):
+    feats, weight, bias, residual = leaves(gen, 40, 3, torch.float64, True, True)
+    for relu in (False, True):
+        torch.autograd.gradcheck(
+            lambda f, w, b, r: batch_norm_act(f, None, None, w, b, True, 0.1, 1e-5, r, relu),
+            (feats, weight, bias, residual))
+
+
+def test_statistics_keep_digits_under_a_large_mean(gen):
+    """float32 features whose mean is 2000x their spread: the variance (shifted sums in double)
+    stays within float32 rounding of the float64 truth."""
+    feats = (torch.randn(20000, 5, generator=gen, dtype=torch.float64) * 0.5 + 1000.0)
+    mean, invstd, var = ops.batch_norm_stats(feats.float(), 1e-5)
+    torch.testing.assert_close(mean.double(), feats.mean(0), rtol=1e-6, atol=0)
+    torch.testing.assert_close(var.double(), feats.var(0), rtol=1e-4, atol=0)
+
+
+def test_results_do_not_depend_on_thread_count(gen):
+    feats, weight, bias, residual = leaves(gen, 9000, 20, torch.float32, True, True)
+    grad_out = torch.randn(9000, 20, generator=gen)
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            for x in (feats, weight, bias, residual):
+                x.grad = None
+            out = batch_norm_act(feats, None, None, weight, bias, True, 0.1, 1e-5, residual, True)
+            out.backward(grad_out)
+            results.append([out.detach()] + [x.grad.clone() for x in (feats, weight, bias, residual)])
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------------------------
+# Modules and blocks
+# --------------------------------------------------------------------------------------------
+def sparse_input(gen, n, c, dtype=torch.float64):
+    coords = shuffled_coords(gen, [n // 2, n - n // 2], -12, 12)
+    return SparseTensor(random_feats(gen, n, c, dtype).requires_grad_(True), coords)
+
+
+def randomise(module, gen):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+
+
+def module_by_module(block, x):
+    """The block run one module at a time (no fused norm passes)."""
+    if isinstance(block, ResidualBlock):
+        return block.relu(nn.Sequential.forward(block.body, x) + block.shortcut(x))
+    return nn.Sequential.forward(block, x)
+
+
+@pytest.mark.parametrize("make", [lambda: conv_bn_relu(5, 6, 3), lambda: ResidualBlock(5, 6),
+                                  lambda: ResidualBlock(6, 6)], ids=["conv_bn_relu", "residual_1x1", "residual_id"])
+@pytest.mark.parametrize("training", [True, False])
+def test_blocks_equal_module_by_module(gen, make, training):
+    block = make().double()
+    randomise(block, gen)
+    block.train(training)
+    if not training:  # running statistics of a few steps
+        block.train()
+        for _ in range(2):
+            block(sparse_input(gen, 300, block_in(block)))
+        block.eval()
+    reference = copy.deepcopy(block)
+    x = sparse_input(gen, 500, block_in(block))
+    x_ref = SparseTensor(x.F.detach().clone().requires_grad_(True), x.C)
+    out, expected = block(x), module_by_module(reference, x_ref)
+    assert expected.F.std() > 0
+    torch.testing.assert_close(out.F, expected.F, rtol=1e-10, atol=1e-10)
+    grad_out = torch.randn(out.F.shape, generator=gen, dtype=torch.float64)
+    out.F.backward(grad_out)
+    expected.F.backward(grad_out)
+    torch.testing.assert_close(x.F.grad, x_ref.F.grad, rtol=1e-10, atol=1e-10)
+    for (name, p), q in zip(block.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-10, msg=name)
+    for (name, b), c in zip(block.named_buffers(), reference.buffers()):
+        torch.testing.assert_close(b, c, rtol=1e-10, atol=1e-10, msg=name)
+
+
+def block_in(block):
+    first = block[0] if isinstance(block, ConvBNReLU) else block.body[0]
+    return first.in_channels
+
+
+def test_block_with_another_activation_runs_its_modules(gen):
+    """A ConvBNReLU whose ReLU was swapped runs the module it now holds."""
+    block = conv_bn_relu(4, 5, 3).double()
+    block[2] = LeakyReLU(0.2)
+    x = sparse_input(gen, 200, 4)
+    out = block(x)
+    expected = TF.leaky_relu(block[1](block[0](x)).F, 0.2)
+    assert (out.F < 0).any()
+    torch.testing.assert_close(out.F, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_state_dict_keys_unchanged():
+    block = conv_bn_relu(4, 5, 3)
+    plain = nn.Sequential(*[copy.deepcopy(m) for m in block])
+    assert list(block.state_dict()) == list(plain.state_dict())
+    assert isinstance(block, nn.Sequential) and isinstance(block[2], ReLU)
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------
+def test_residual_mismatches_raise(gen):
+    bn = BatchNorm(4).double()
+    x = sparse_input(gen, 50, 4)
+    with pytest.raises(ValueError, match="same coordinates"):
+        bn(x, residual=sparse_input(gen, 50, 4))
+    with pytest.raises(TypeError, match="residual must be a SparseTensor"):
+        bn(x, residual=x.F)
+    with pytest.raises(ValueError, match="residual must match"):
+        batch_norm_act(x.F, None, None, None, None, True, 0.1, 1e-5, x.F[:10])
+    with pytest.raises(ValueError, match="channel mismatch"):
+        bn(sparse_input(gen, 50, 3))
+
+
+def test_one_point_in_training_raises(gen):
+    bn = BatchNorm(4).double()
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        bn(sparse_input(gen, 1, 4))
+
+
+def test_ops_reject_bad_tensors(gen):
+    with pytest.raises(RuntimeError, match="float32 or float64"):
+        ops.batch_norm_stats(torch.ones(5, 3, dtype=torch.int32), 1e-5)
+    with pytest.raises(RuntimeError, match="more than one point"):
+        ops.batch_norm_stats(torch.randn(1, 3, generator=gen), 1e-5)
+    x = torch.randn(6, 3, generator=gen)
+    with pytest.raises(RuntimeError, match="scale must have 3 entries"):
+        ops.batch_norm_apply(x, torch.ones(4), torch.zeros(3), None, False)
+    with pytest.raises(RuntimeError, match="residual must be"):
+        ops.batch_norm_apply(x, torch.ones(3), torch.zeros(3), torch.randn(5, 3, generator=gen), False)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        ops.batch_norm_apply(torch.randn(3, 6, generator=gen).t(), torch.ones(3), torch.zeros(3), None, False)
