@@ -27,28 +27,33 @@ inline void fold(const T* block, int64_t n, double* total) {
   for (int64_t j = 0; j < n; ++j) total[j] += static_cast<double>(block[j]);
 }
 
-// s1 += sum(x - shift), s2 += sum((x - shift)^2) over `rows` rows: shifted sums, so that the
-// variance keeps its digits when the mean is large against the spread.
-template <typename T>
-inline void shifted_sums_impl(const T* __restrict__ x, int64_t rows, int64_t n, const T* __restrict__ shift,
-                              double* __restrict__ s1, double* __restrict__ s2) {
+// s1 / s2 += per-channel sums over `rows` rows of the two values add_row(i, p1, p2) adds for row
+// i: taken in T over blocks of kBlockRows rows, each block folded into double.
+template <typename T, typename AddRow>
+inline void block_sums(int64_t rows, int64_t n, double* s1, double* s2, const AddRow& add_row) {
   std::vector<T> b1(n), b2(n);
   for (int64_t r0 = 0; r0 < rows; r0 += kBlockRows) {
     std::fill(b1.begin(), b1.end(), T(0));
     std::fill(b2.begin(), b2.end(), T(0));
-    T* __restrict__ p1 = b1.data();
-    T* __restrict__ p2 = b2.data();
-    for (int64_t i = r0; i < std::min(rows, r0 + kBlockRows); ++i) {
-      const T* __restrict__ row = x + i * n;
-      for (int64_t j = 0; j < n; ++j) {
-        const T d = row[j] - shift[j];
-        p1[j] += d;
-        p2[j] += d * d;
-      }
-    }
-    fold(p1, n, s1);
-    fold(p2, n, s2);
+    for (int64_t i = r0; i < std::min(rows, r0 + kBlockRows); ++i) add_row(i, b1.data(), b2.data());
+    fold(b1.data(), n, s1);
+    fold(b2.data(), n, s2);
   }
+}
+
+// s1 += sum(x - shift), s2 += sum((x - shift)^2): shifted sums, so that the variance keeps its
+// digits when the mean is large against the spread.
+template <typename T>
+inline void shifted_sums_impl(const T* __restrict__ x, int64_t rows, int64_t n, const T* __restrict__ shift,
+                              double* __restrict__ s1, double* __restrict__ s2) {
+  block_sums<T>(rows, n, s1, s2, [&](int64_t i, T* __restrict__ p1, T* __restrict__ p2) {
+    const T* __restrict__ row = x + i * n;
+    for (int64_t j = 0; j < n; ++j) {
+      const T d = row[j] - shift[j];
+      p1[j] += d;
+      p2[j] += d * d;
+    }
+  });
 }
 
 // The ReLU's mask as the forward computed it: feats * scale + shift (+ residual) > 0.
@@ -74,25 +79,16 @@ template <bool Relu, bool Residual, typename T>
 inline void grad_sums_impl(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ residual,
                            int64_t rows, int64_t n, const T* __restrict__ mean, const T* __restrict__ scale,
                            const T* __restrict__ shift, double* __restrict__ sg, double* __restrict__ sgx) {
-  std::vector<T> b1(n), b2(n);
-  for (int64_t r0 = 0; r0 < rows; r0 += kBlockRows) {
-    std::fill(b1.begin(), b1.end(), T(0));
-    std::fill(b2.begin(), b2.end(), T(0));
-    T* __restrict__ p1 = b1.data();
-    T* __restrict__ p2 = b2.data();
-    for (int64_t i = r0; i < std::min(rows, r0 + kBlockRows); ++i) {
-      const T* __restrict__ g_row = dy + i * n;
-      const T* __restrict__ x_row = x + i * n;
-      const T* __restrict__ r_row = Residual ? residual + i * n : nullptr;
-      for (int64_t j = 0; j < n; ++j) {
-        const T g = masked<Relu, Residual>(g_row[j], x_row[j], scale, shift, r_row, j);
-        p1[j] += g;
-        p2[j] += g * (x_row[j] - mean[j]);
-      }
+  block_sums<T>(rows, n, sg, sgx, [&](int64_t i, T* __restrict__ p1, T* __restrict__ p2) {
+    const T* __restrict__ g_row = dy + i * n;
+    const T* __restrict__ x_row = x + i * n;
+    const T* __restrict__ r_row = Residual ? residual + i * n : nullptr;
+    for (int64_t j = 0; j < n; ++j) {
+      const T g = masked<Relu, Residual>(g_row[j], x_row[j], scale, shift, r_row, j);
+      p1[j] += g;
+      p2[j] += g * (x_row[j] - mean[j]);
     }
-    fold(p1, n, sg);
-    fold(p2, n, sgx);
-  }
+  });
 }
 
 // y = act(x * scale + shift + residual), row by row.

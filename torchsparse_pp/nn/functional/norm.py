@@ -31,13 +31,19 @@ def batch_norm_running(feats: torch.Tensor, running_mean: torch.Tensor, running_
     Other dtypes (bfloat16 under autocast) go to F.batch_norm, which keeps float32 statistics."""
     if feats.dtype not in (torch.float32, torch.float64) or running_mean.dtype != feats.dtype:
         return torch.nn.functional.batch_norm(feats, running_mean, running_var, weight, bias, False, 0.0, eps)
+    scale, shift = _running_affine(running_mean, running_var, weight, bias, eps)
+    return torch.addcmul(shift, feats, scale)
+
+
+def _running_affine(running_mean, running_var, weight, bias, eps):
+    """(scale, shift) per channel with batch_norm(x) == x * scale + shift under running statistics."""
     scale = torch.rsqrt(running_var + eps)
     if weight is not None:
         scale = scale * weight
     shift = -running_mean * scale
     if bias is not None:
         shift = shift + bias
-    return torch.addcmul(shift, feats, scale)
+    return scale, shift
 
 
 def _native_kernels(feats: torch.Tensor, *others: Optional[torch.Tensor]) -> bool:
@@ -99,12 +105,7 @@ def batch_norm_act(feats: torch.Tensor, running_mean: Optional[torch.Tensor], ru
         return out
     if native and not use_batch_stats and not (torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (feats, weight, bias, residual))):
-        scale = torch.rsqrt(running_var + eps)
-        if weight is not None:
-            scale = scale * weight
-        shift = -running_mean * scale
-        if bias is not None:
-            shift = shift + bias
+        scale, shift = _running_affine(running_mean, running_var, weight, bias, eps)
         return ops.batch_norm_apply(feats, scale, shift, None if residual is None else residual.contiguous(), relu)
     if not use_batch_stats:
         out = batch_norm_running(feats, running_mean, running_var, weight, bias, eps)
