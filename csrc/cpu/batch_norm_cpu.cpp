@@ -23,14 +23,14 @@ constexpr int64_t kBlockRows = 64;
 constexpr int64_t kPartRows = 2048;
 
 template <typename T>
-inline void fold(const T* block, int64_t n, double* total) {
+TSPP_INLINE_IN_CLONES void fold(const T* block, int64_t n, double* total) {
   for (int64_t j = 0; j < n; ++j) total[j] += static_cast<double>(block[j]);
 }
 
 // s1 / s2 += per-channel sums over `rows` rows of the two values add_row(i, p1, p2) adds for row
 // i: taken in T over blocks of kBlockRows rows, each block folded into double.
 template <typename T, typename AddRow>
-inline void block_sums(int64_t rows, int64_t n, double* s1, double* s2, const AddRow& add_row) {
+TSPP_INLINE_IN_CLONES void block_sums(int64_t rows, int64_t n, double* s1, double* s2, const AddRow& add_row) {
   std::vector<T> b1(n), b2(n);
   for (int64_t r0 = 0; r0 < rows; r0 += kBlockRows) {
     std::fill(b1.begin(), b1.end(), T(0));
@@ -44,9 +44,11 @@ inline void block_sums(int64_t rows, int64_t n, double* s1, double* s2, const Ad
 // s1 += sum(x - shift), s2 += sum((x - shift)^2): shifted sums, so that the variance keeps its
 // digits when the mean is large against the spread.
 template <typename T>
-inline void shifted_sums_impl(const T* __restrict__ x, int64_t rows, int64_t n, const T* __restrict__ shift,
-                              double* __restrict__ s1, double* __restrict__ s2) {
-  block_sums<T>(rows, n, s1, s2, [&](int64_t i, T* __restrict__ p1, T* __restrict__ p2) {
+TSPP_INLINE_IN_CLONES
+void shifted_sums_impl(const T* __restrict__ x, int64_t rows, int64_t n, const T* __restrict__ shift,
+                       double* __restrict__ s1, double* __restrict__ s2) {
+  block_sums<T>(rows, n, s1, s2, [&](int64_t i, T* __restrict__ p1,
+                                        T* __restrict__ p2) __attribute__((always_inline)) {
     const T* __restrict__ row = x + i * n;
     for (int64_t j = 0; j < n; ++j) {
       const T d = row[j] - shift[j];
@@ -64,8 +66,9 @@ struct ReluMask {
 };
 
 template <bool Relu, bool Residual, typename T>
-inline T masked(T g, T x, const T* __restrict__ scale, const T* __restrict__ shift, const T* __restrict__ r_row,
-                int64_t j) {
+TSPP_INLINE_IN_CLONES
+T masked(T g, T x, const T* __restrict__ scale, const T* __restrict__ shift, const T* __restrict__ r_row,
+         int64_t j) {
   if constexpr (Relu) {
     T v = x * scale[j] + shift[j];
     if constexpr (Residual) v += r_row[j];
@@ -76,10 +79,12 @@ inline T masked(T g, T x, const T* __restrict__ scale, const T* __restrict__ shi
 
 // For the backward: sg += sum(g), sgx += sum(g * (x - mean)), g = dy, or dy under the ReLU's mask.
 template <bool Relu, bool Residual, typename T>
-inline void grad_sums_impl(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ residual,
-                           int64_t rows, int64_t n, const T* __restrict__ mean, const T* __restrict__ scale,
-                           const T* __restrict__ shift, double* __restrict__ sg, double* __restrict__ sgx) {
-  block_sums<T>(rows, n, sg, sgx, [&](int64_t i, T* __restrict__ p1, T* __restrict__ p2) {
+TSPP_INLINE_IN_CLONES
+void grad_sums_impl(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ residual,
+                    int64_t rows, int64_t n, const T* __restrict__ mean, const T* __restrict__ scale,
+                    const T* __restrict__ shift, double* __restrict__ sg, double* __restrict__ sgx) {
+  block_sums<T>(rows, n, sg, sgx, [&](int64_t i, T* __restrict__ p1,
+                                        T* __restrict__ p2) __attribute__((always_inline)) {
     const T* __restrict__ g_row = dy + i * n;
     const T* __restrict__ x_row = x + i * n;
     const T* __restrict__ r_row = Residual ? residual + i * n : nullptr;
@@ -93,7 +98,7 @@ inline void grad_sums_impl(const T* __restrict__ dy, const T* __restrict__ x, co
 
 // y = act(x * scale + shift + residual), row by row.
 template <bool Residual, bool Relu, typename T>
-inline void apply_impl(const T* __restrict__ x, const T* __restrict__ residual, int64_t rows, int64_t n,
+TSPP_INLINE_IN_CLONES void apply_impl(const T* __restrict__ x, const T* __restrict__ residual, int64_t rows, int64_t n,
                        const T* __restrict__ scale, const T* __restrict__ shift, T* __restrict__ y) {
   for (int64_t i = 0; i < rows; ++i) {
     const T* __restrict__ x_row = x + i * n;
@@ -110,10 +115,11 @@ inline void apply_impl(const T* __restrict__ x, const T* __restrict__ residual, 
 
 // dx = a * g + b * (x - mean) + c; masked_out[i] = g when asked (the residual's gradient).
 template <bool Relu, bool Residual, typename T>
-inline void grad_input_impl(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ residual,
-                            int64_t rows, int64_t n, const T* __restrict__ mean, const T* __restrict__ scale,
-                            const T* __restrict__ shift, const T* __restrict__ a, const T* __restrict__ b,
-                            const T* __restrict__ c, T* __restrict__ dx, T* __restrict__ masked_out) {
+TSPP_INLINE_IN_CLONES
+void grad_input_impl(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ residual,
+                     int64_t rows, int64_t n, const T* __restrict__ mean, const T* __restrict__ scale,
+                     const T* __restrict__ shift, const T* __restrict__ a, const T* __restrict__ b,
+                     const T* __restrict__ c, T* __restrict__ dx, T* __restrict__ masked_out) {
   for (int64_t i = 0; i < rows; ++i) {
     const T* __restrict__ g_row = dy + i * n;
     const T* __restrict__ x_row = x + i * n;
@@ -146,8 +152,9 @@ TSPP_ROW_CLONES void shifted_sums(const double* x, int64_t rows, int64_t n, cons
 }
 
 template <typename T>
-inline void grad_sums_dispatch(const T* dy, const T* x, int64_t rows, int64_t n, const T* mean, const ReluMask& relu,
-                               double* sg, double* sgx) {
+TSPP_INLINE_IN_CLONES
+void grad_sums_dispatch(const T* dy, const T* x, int64_t rows, int64_t n, const T* mean, const ReluMask& relu,
+                        double* sg, double* sgx) {
   const T* scale = static_cast<const T*>(relu.scale);
   const T* shift = static_cast<const T*>(relu.shift);
   const T* r = static_cast<const T*>(relu.residual);
@@ -165,8 +172,9 @@ TSPP_ROW_CLONES void grad_sums(const double* dy, const double* x, int64_t rows, 
 }
 
 template <typename T>
-inline void apply_dispatch(const T* x, const T* residual, int64_t rows, int64_t n, const T* scale, const T* shift,
-                           bool relu, T* y) {
+TSPP_INLINE_IN_CLONES
+void apply_dispatch(const T* x, const T* residual, int64_t rows, int64_t n, const T* scale, const T* shift,
+                    bool relu, T* y) {
   if (residual != nullptr) {
     relu ? apply_impl<true, true>(x, residual, rows, n, scale, shift, y)
          : apply_impl<true, false>(x, residual, rows, n, scale, shift, y);
@@ -185,7 +193,7 @@ TSPP_ROW_CLONES void apply_rows(const double* x, const double* residual, int64_t
 }
 
 template <typename T>
-inline void grad_input_dispatch(const T* dy, const T* x, int64_t rows, int64_t n, const T* mean,
+TSPP_INLINE_IN_CLONES void grad_input_dispatch(const T* dy, const T* x, int64_t rows, int64_t n, const T* mean,
                                 const ReluMask& relu, const T* a, const T* b, const T* c, T* dx, T* masked_out) {
   const T* scale = static_cast<const T*>(relu.scale);
   const T* shift = static_cast<const T*>(relu.shift);

@@ -17,6 +17,9 @@
 #else
 #define TSPP_ROW_CLONES
 #endif
+// For the templates a TSPP_ROW_CLONES function calls: inlined into each clone, so that they are
+// compiled for its instruction set (a call out would run baseline code).
+#define TSPP_INLINE_IN_CLONES __attribute__((always_inline)) inline
 
 namespace torchsparse_pp {
 
