@@ -172,6 +172,48 @@ def test_blocks_equal_module_by_module(gen, make, training):
         torch.testing.assert_close(b, c, rtol=1e-10, atol=1e-10, msg=name)
 
 
+@pytest.mark.parametrize("make", [lambda: conv_bn_relu(5, 6, 3), lambda: conv_bn_relu(5, 6, 2, stride=2),
+                                  lambda: ResidualBlock(5, 6), lambda: ResidualBlock(6, 6)],
+                         ids=["conv_bn_relu", "strided", "residual_1x1", "residual_id"])
+def test_blocks_in_inference_fold_their_norms(gen, make):
+    """Eval without autograd: each conv runs with its BatchNorm folded in and the add / ReLU in its
+    epilogue (the norms are not called); the result equals the module-by-module forward."""
+    block = make().double()
+    randomise(block, gen)
+    block.train()
+    for _ in range(2):
+        block(sparse_input(gen, 300, block_in(block)))
+    block.eval()
+    norms = [m for m in block.modules() if isinstance(m, BatchNorm)]
+    calls = []
+    for m in norms:
+        m.register_forward_hook(lambda *args: calls.append(1))
+    x = sparse_input(gen, 500, block_in(block))
+    with torch.no_grad():
+        out = block(SparseTensor(x.F.detach(), x.C))
+        folded_calls = len(calls)
+        expected = module_by_module(block, SparseTensor(x.F.detach(), x.C))
+    assert expected.F.std() > 0 and (expected.F == 0).any()
+    torch.testing.assert_close(out.F, expected.F, rtol=1e-10, atol=1e-10)
+    shortcut_norms = sum(isinstance(m, BatchNorm) for m in getattr(block, "shortcut", nn.Identity()).modules())
+    assert folded_calls == shortcut_norms  # only a 1x1 shortcut's norm runs on its own
+    calls.clear()
+    with_grad = block(x)  # autograd on: the norms run (in their own pass)
+    assert len(calls) == len(norms)
+    torch.testing.assert_close(with_grad.F.detach(), expected.F, rtol=1e-10, atol=1e-10)
+
+
+def test_conv_norm_arguments_are_checked(gen):
+    conv, bn = conv_bn_relu(4, 5, 3).double()[:2]
+    x = sparse_input(gen, 50, 4)
+    with pytest.raises(ValueError, match="only with the norm"):
+        conv(x, relu=True)
+    with pytest.raises(ValueError, match="channel mismatch"):
+        conv(x, norm=BatchNorm(4).double())
+    with pytest.raises(TypeError, match="residual must be a SparseTensor"):
+        conv(x, norm=bn, residual=x.F)
+
+
 def block_in(block):
     first = block[0] if isinstance(block, ConvBNReLU) else block.body[0]
     return first.in_channels

@@ -9,19 +9,20 @@ from ..nn.fusion import fuse_module
 from ..tensor import SparseTensor
 
 
-def _norm_takes_act(module: nn.Module) -> bool:
-    """Whether ``module`` is one of our BatchNorms, whose forward adds a residual and applies the
-    ReLU in its own pass (a subclass or another norm is called plainly)."""
-    return type(module) in (BatchNorm, SyncBatchNorm)
+def _conv_norm_relu(conv: nn.Module, norm: nn.Module, relu: nn.Module) -> bool:
+    """Whether (conv, norm, relu) are our Conv3d, BatchNorm and ReLU, whose conv takes the norm,
+    a residual and the ReLU (folded into its kernel and epilogue in inference, else run in the
+    norm's pass); subclasses and other modules are called one by one."""
+    return type(conv) is Conv3d and type(norm) in (BatchNorm, SyncBatchNorm) and type(relu) is ReLU
 
 
 class ConvBNReLU(nn.Sequential):
     """Sparse conv (no bias: the norm follows), BatchNorm, ReLU: an nn.Sequential (same modules and
-    state_dict keys as one built by hand) whose BatchNorm applies the ReLU in its own pass."""
+    state_dict keys as one built by hand) that runs as one conv (Conv3d's norm= / relu=)."""
 
     def forward(self, x: SparseTensor) -> SparseTensor:
-        if len(self) == 3 and _norm_takes_act(self[1]) and type(self[2]) is ReLU:
-            return self[1](self[0](x), relu=True)
+        if len(self) == 3 and _conv_norm_relu(*self):
+            return self[0](x, norm=self[1], relu=True)
         return super().forward(x)
 
 
@@ -56,11 +57,10 @@ class ResidualBlock(nn.Module):
 
     def forward(self, x: SparseTensor) -> SparseTensor:
         body = self.body
-        if (len(body) == 5 and _norm_takes_act(body[1]) and type(body[2]) is ReLU and _norm_takes_act(body[4])
-                and type(self.relu) is ReLU):
-            # The norms run the ReLUs and the shortcut's add in their own passes.
-            h = body[1](body[0](x), relu=True)
-            return body[4](body[3](h), residual=self.shortcut(x), relu=True)
+        if len(body) == 5 and _conv_norm_relu(*body[:3]) and _conv_norm_relu(body[3], body[4], self.relu):
+            # Each conv takes its norm, and the second the shortcut's add and the block's ReLU.
+            h = body[0](x, norm=body[1], relu=True)
+            return body[3](h, norm=body[4], residual=self.shortcut(x), relu=True)
         return self.relu(self.body(x) + self.shortcut(x))
 
 

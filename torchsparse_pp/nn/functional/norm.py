@@ -114,3 +114,18 @@ def batch_norm_act(feats: torch.Tensor, running_mean: Optional[torch.Tensor], ru
     if residual is not None:
         out = out + residual
     return torch.relu(out) if relu else out
+
+
+def fold_batchnorm(kernel: torch.Tensor, bias: Optional[torch.Tensor], norm: torch.nn.modules.batchnorm._BatchNorm):
+    """(kernel, bias) of conv followed by ``norm`` in eval mode: per output channel,
+    scale = gamma / sqrt(var + eps), kernel * scale and (bias - mean) * scale + beta."""
+    if not norm.track_running_stats or norm.running_mean is None:
+        raise ValueError(f"{type(norm).__name__} without running statistics normalises with batch statistics even "
+                         "in eval mode: it cannot be folded into the conv")
+    var, mean = norm.running_var.double(), norm.running_mean.double()
+    scale = torch.rsqrt(var + norm.eps)
+    if norm.affine:
+        scale = scale * norm.weight.detach().double()
+    shift = -mean * scale + (norm.bias.detach().double() if norm.affine else 0.0)
+    folded_bias = shift if bias is None else bias.detach().double() * scale + shift
+    return (kernel.detach().double() * scale).to(kernel.dtype), folded_bias.to(kernel.dtype)

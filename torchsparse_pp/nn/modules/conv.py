@@ -12,6 +12,8 @@ from ...tensor import SparseTensor
 from .. import functional as F
 from ..functional.config import ConfigLike, PassConfigs
 from ..functional.conv import conv3d_with_geometry
+from ..functional.epilogue import Epilogue
+from ..functional.norm import fold_batchnorm
 
 
 class Conv3d(nn.Module):
@@ -81,9 +83,43 @@ class Conv3d(nn.Module):
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, input: SparseTensor) -> SparseTensor:
-        return conv3d_with_geometry(input, self.kernel, self.geometry, self.bias, self.transposed, self.generative,
-                                    self.downsample_mode, self.config)
+    def forward(self, input: SparseTensor, norm: Optional[nn.modules.batchnorm._BatchNorm] = None,
+                residual: Optional[SparseTensor] = None, relu: bool = False) -> SparseTensor:
+        """The conv of ``input``. Blocks may pass the BatchNorm that follows it (``norm``, one of
+        ours), a ``residual`` added after the norm and ``relu``: in inference (eval, no autograd,
+        eager) the norm is folded into the kernel for this call and the add and ReLU run in the
+        conv's output epilogue, as nn.fuse makes permanent; otherwise the norm runs them in its
+        own pass."""
+        if norm is None:
+            if residual is not None or relu:
+                raise ValueError("Conv3d takes residual / relu only with the norm that follows it (norm=...)")
+            return self._conv(input, self.kernel, self.bias)
+        if residual is not None and not isinstance(residual, SparseTensor):
+            raise TypeError(f"the residual must be a SparseTensor, got {type(residual).__name__}")
+        if norm.num_features != self.out_channels:
+            raise ValueError(f"channel mismatch: the norm has {norm.num_features} channels, the conv outputs "
+                             f"{self.out_channels}")
+        if self._folds(norm, input, residual):
+            kernel, bias = fold_batchnorm(self.kernel, self.bias, norm)
+            epilogue = None
+            if residual is not None or relu:
+                epilogue = Epilogue(None if residual is None else residual.F, relu)
+            return self._conv(input, kernel, bias, epilogue)
+        return norm(self._conv(input, self.kernel, self.bias), residual=residual, relu=relu)
+
+    def _conv(self, input: SparseTensor, kernel: torch.Tensor, bias: Optional[torch.Tensor],
+              epilogue: Optional[Epilogue] = None) -> SparseTensor:
+        return conv3d_with_geometry(input, kernel, self.geometry, bias, self.transposed, self.generative,
+                                    self.downsample_mode, self.config, epilogue=epilogue)
+
+    def _folds(self, norm, input: SparseTensor, residual: Optional[SparseTensor]) -> bool:
+        """Whether this call runs with ``norm`` folded: inference on running statistics, and a
+        residual (if any) on the output's coordinates."""
+        return (not norm.training and norm.track_running_stats and norm.running_mean is not None
+                and norm.running_var is not None and not torch.is_grad_enabled()
+                and not torch.compiler.is_compiling()
+                and (residual is None or (residual.C is input.C and self.geometry.is_unit_stride
+                                          and not self.transposed)))
 
     def extra_repr(self) -> str:
         g = self.geometry
