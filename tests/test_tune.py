@@ -677,22 +677,18 @@ def outputs_and_grads(model, x, weight):
     return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, feats.grad.clone()
 
 
-def run_train_mode(models, x, weight):
+def run_models(models, x, weight, training):
     results = []
     for model in models:
-        model.train()
+        model.train(training)
         results.append(outputs_and_grads(model, x, weight))
     return results
 
 
-def random_output_weight(x, num_classes):
+def compare_models(reference, tuned_model, x, tolerance, training=True):
     gen = torch.Generator().manual_seed(fresh_seed())
-    return torch.randn(len(x.C), num_classes, generator=gen, dtype=x.F.dtype)
-
-
-def compare_models(reference, tuned_model, x, tolerance):
-    weight = random_output_weight(x, reference.num_classes)
-    (out_a, grads_a, in_a), (out_b, grads_b, in_b) = run_train_mode((reference, tuned_model), x, weight)
+    weight = torch.randn(len(x.C), reference.num_classes, generator=gen, dtype=x.F.dtype)
+    (out_a, grads_a, in_a), (out_b, grads_b, in_b) = run_models((reference, tuned_model), x, weight, training)
     assert out_a.std() > 0
     assert rel_err(out_b, out_a) < tolerance
     assert rel_err(in_b, in_a) < tolerance
@@ -701,33 +697,6 @@ def compare_models(reference, tuned_model, x, tolerance):
     for name in grads_a:
         a, b = grads_a[name], grads_b[name]
         assert (b - a).abs().max().item() <= tolerance * max(a.abs().max().item(), 1e-3 * scale), name
-
-
-def compare_float32_models(reference, tuned_model, x, tolerance):
-    """Both float32 models against a float64 copy of the reference: the tuned one may be off by no more
-    than the default one is (x 4), or `tolerance`. Train-mode BatchNorm in a deep random net turns float32
-    rounding into errors of 1e-3 .. 5e-2 on some draws, so comparing the two float32 models directly would
-    test the draw; a wrong kernel is off by O(1) against the truth whatever the draw."""
-    truth_model = copy.deepcopy(reference).double()
-    x64 = tsp.SparseTensor(x.F.double(), x.C)
-    weight = random_output_weight(x64, reference.num_classes)
-    (out_t, grads_t, in_t), = run_train_mode((truth_model,), x64, weight)
-    (out_a, grads_a, in_a), (out_b, grads_b, in_b) = run_train_mode((reference, tuned_model), x, weight.float())
-    assert out_t.std() > 0
-    scale = max(g.abs().max().item() for g in grads_t.values())
-    assert scale > 0
-
-    def within(default, tuned, truth, what, norm=rel_err):
-        default_err, tuned_err = norm(default, truth), norm(tuned, truth)
-        assert default_err < 0.2, f"{what}: the float32 default itself is off by {default_err:.2e}"
-        assert tuned_err <= max(tolerance, 4 * default_err), (what, tuned_err, default_err)
-
-    within(out_a, out_b, out_t, "output")
-    within(in_a, in_b, in_t, "input gradient")
-    for name in grads_t:
-        t = grads_t[name]
-        floor = max(t.abs().max().item(), 1e-3 * scale)
-        within(grads_a[name], grads_b[name], t, name, lambda g, ref: (g.double() - ref).abs().max().item() / floor)
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-10), (torch.float32, 3e-4)])
@@ -751,10 +720,10 @@ def test_tuned_mixed_configs_match_untuned(tuned, tmp_path, dtype, tolerance):
         for name in g.layer_names:
             assert convs[name].config == mix[g.name]
     x = lidar_tensor(fresh_seed(), batch=2, voxel=0.25, box=16, dtype=dtype)
-    if dtype == torch.float64:
-        compare_models(reference, tuned_model, x, tolerance)
-    else:
-        compare_float32_models(reference, tuned_model, x, tolerance)
+    # float32 runs in eval mode (BatchNorm on running statistics; every conv pass still runs):
+    # train-mode BatchNorm over a few hundred points turns float32 rounding into errors of 1e-3 ..
+    # 5e-2 against float64 on some parameters of either model, which would test the draw.
+    compare_models(reference, tuned_model, x, tolerance, training=dtype == torch.float64)
 
 
 def test_real_tuned_file_matches_untuned(tuned):
