@@ -95,6 +95,14 @@ def test_gradcheck(gen):
             (feats, weight, bias, residual))
 
 
+def test_double_backward_raises(gen):
+    feats, weight, bias, _ = leaves(gen, 30, 3, torch.float64, True, False)
+    out = batch_norm_act(feats, None, None, weight, bias, True, 0.1, 1e-5, None, True)
+    (grad,) = torch.autograd.grad(out.square().sum(), feats, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        grad.sum().backward()
+
+
 def test_statistics_keep_digits_under_a_large_mean(gen):
     """float32 features whose mean is 2000x their spread: the variance (shifted sums in double)
     stays within float32 rounding of the float64 truth."""

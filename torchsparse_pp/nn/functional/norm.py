@@ -71,6 +71,7 @@ class _BatchNormTrain(torch.autograd.Function):
         return out, mean, var
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # no double backward: a clear error, not a wrong one
     def backward(ctx, grad_out, _grad_mean, _grad_var):
         feats, mean, invstd, weight, affine, residual = ctx.saved_tensors
         needs_residual = ctx.needs_input_grad[3]
