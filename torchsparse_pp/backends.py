@@ -25,6 +25,12 @@ kernels, with no host copy or synchronisation (so it can be captured in a CUDA g
 the op wrappers in torchsparse_pp.ops (the native dataflow ops, direct calls and conv calls alike)
 validate their index arguments before every call: one synchronisation per call, for tests and
 debugging. The CPU ops check their arguments on every call either way.
+
+``native_batch_norm`` (default True): BatchNorm on CPU float32 / float64 features in eager mode
+(with the ReLU and residual add the model blocks pass it) runs the library's kernels, one sweep
+per pass (torchsparse_pp.nn.functional.norm.batch_norm_act). False runs ATen's batch_norm, the
+add and the ReLU instead: for a double backward (gradient penalties), which the kernels do not
+support (they raise), or to compare.
 """
 import sys
 import types
@@ -50,6 +56,7 @@ class _Backends(types.ModuleType):
     _allow_tf32 = False
     _kmap_backend = None
     _validate_plans = False
+    _native_batch_norm = True
 
     @property
     def deterministic(self) -> bool:
@@ -82,6 +89,15 @@ class _Backends(types.ModuleType):
     @validate_plans.setter
     def validate_plans(self, value: bool) -> None:
         self._validate_plans = _check_bool("validate_plans", value)
+
+
+    @property
+    def native_batch_norm(self) -> bool:
+        return self._native_batch_norm
+
+    @native_batch_norm.setter
+    def native_batch_norm(self, value: bool) -> None:
+        self._native_batch_norm = _check_bool("native_batch_norm", value)
 
 
 sys.modules[__name__].__class__ = _Backends

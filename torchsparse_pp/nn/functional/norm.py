@@ -4,7 +4,7 @@ from typing import Optional
 
 import torch
 
-from ... import ops
+from ... import backends, ops
 
 
 def sample_group_norm(feats: torch.Tensor, batch: torch.Tensor, batch_size: Optional[int], num_groups: int,
@@ -48,8 +48,10 @@ def _running_affine(running_mean, running_var, weight, bias, eps):
 
 def _native_kernels(feats: torch.Tensor, *others: Optional[torch.Tensor]) -> bool:
     """Whether the C++ BatchNorm kernels take these tensors: contiguous CPU float32 / float64, all
-    of one dtype, in eager mode (a compiled graph keeps ATen's batch_norm, which it can trace)."""
-    return (feats.device.type == "cpu" and feats.dtype in (torch.float32, torch.float64) and feats.dim() == 2
+    of one dtype, in eager mode (a compiled graph keeps ATen's batch_norm, which it can trace),
+    unless backends.native_batch_norm is off."""
+    return (backends.native_batch_norm and feats.device.type == "cpu" and feats.dtype in (torch.float32, torch.float64)
+            and feats.dim() == 2
             and feats.is_contiguous() and not torch.compiler.is_compiling()
             and all(t is None or (t.dtype == feats.dtype and t.device == feats.device) for t in others))
 
@@ -71,7 +73,7 @@ class _BatchNormTrain(torch.autograd.Function):
         return out, mean, var
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # no double backward: a clear error, not a wrong one
+    @torch.autograd.function.once_differentiable  # double backward raises (backends.native_batch_norm)
     def backward(ctx, grad_out, _grad_mean, _grad_var):
         feats, mean, invstd, weight, affine, residual = ctx.saved_tensors
         needs_residual = ctx.needs_input_grad[3]
