@@ -60,8 +60,16 @@ class ResidualBlock(nn.Module):
         if len(body) == 5 and _conv_norm_relu(*body[:3]) and _conv_norm_relu(body[3], body[4], self.relu):
             # Each conv takes its norm, and the second the shortcut's add and the block's ReLU.
             h = body[0](x, norm=body[1], relu=True)
-            return body[3](h, norm=body[4], residual=self.shortcut(x), relu=True)
+            return body[3](h, norm=body[4], residual=self._shortcut(x), relu=True)
         return self.relu(self.body(x) + self.shortcut(x))
+
+    def _shortcut(self, x: SparseTensor) -> SparseTensor:
+        """The shortcut; a 1x1x1 conv and its BatchNorm run as one conv (folded in inference)."""
+        s = self.shortcut
+        if (type(s) is nn.Sequential and len(s) == 2 and type(s[0]) is Conv3d
+                and type(s[1]) in (BatchNorm, SyncBatchNorm)):
+            return s[0](x, norm=s[1])
+        return s(x)
 
 
 class FusedResidualBlock(nn.Module):
