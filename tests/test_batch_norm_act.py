@@ -230,6 +230,8 @@ def test_conv_norm_arguments_are_checked(gen):
         conv(x, norm=BatchNorm(4).double())
     with pytest.raises(TypeError, match="residual must be a SparseTensor"):
         conv(x, norm=bn, residual=x.F)
+    with pytest.raises(TypeError, match="norm must be a torchsparse_pp BatchNorm"):
+        conv(x, norm=nn.BatchNorm1d(5).double())
 
 
 def block_in(block):

@@ -14,6 +14,7 @@ from ..functional.config import ConfigLike, PassConfigs
 from ..functional.conv import conv3d_with_geometry
 from ..functional.epilogue import Epilogue
 from ..functional.norm import fold_batchnorm
+from .norm import BatchNorm, SyncBatchNorm
 
 
 class Conv3d(nn.Module):
@@ -83,7 +84,7 @@ class Conv3d(nn.Module):
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, input: SparseTensor, norm: Optional[nn.modules.batchnorm._BatchNorm] = None,
+    def forward(self, input: SparseTensor, norm: Optional[nn.Module] = None,
                 residual: Optional[SparseTensor] = None, relu: bool = False) -> SparseTensor:
         """The conv of ``input``. Blocks may pass the BatchNorm that follows it (``norm``, one of
         ours), a ``residual`` added after the norm and ``relu``: in inference (eval, no autograd,
@@ -94,6 +95,9 @@ class Conv3d(nn.Module):
             if residual is not None or relu:
                 raise ValueError("Conv3d takes residual / relu only with the norm that follows it (norm=...)")
             return self._conv(input, self.kernel, self.bias)
+        if not isinstance(norm, (BatchNorm, SyncBatchNorm)):
+            raise TypeError(f"Conv3d's norm must be a torchsparse_pp BatchNorm or SyncBatchNorm, got "
+                            f"{type(norm).__name__}")
         if residual is not None and not isinstance(residual, SparseTensor):
             raise TypeError(f"the residual must be a SparseTensor, got {type(residual).__name__}")
         if norm.num_features != self.out_channels:
