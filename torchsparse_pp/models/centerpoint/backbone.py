@@ -2,7 +2,6 @@
 (x, y, z) axis order)."""
 from torch import nn
 
-from ...nn import BatchNorm, Conv3d, ReLU
 from ...tensor import SparseTensor
 from ..blocks import ResidualBlock, conv_bn_relu
 
@@ -40,11 +39,7 @@ class VoxelResBackBone8x(nn.Module):
                                         ResidualBlock(c_out, c_out), ResidualBlock(c_out, c_out)))
         self.stages = nn.ModuleList(stages)
         kernel_size, stride, padding = BACKBONE_DOWNSAMPLING[3]
-        self.conv_out = nn.Sequential(
-            Conv3d(c[-1], BACKBONE_OUT_CHANNELS, kernel_size, stride=stride, padding=padding),
-            BatchNorm(BACKBONE_OUT_CHANNELS),
-            ReLU(True),
-        )
+        self.conv_out = conv_bn_relu(c[-1], BACKBONE_OUT_CHANNELS, kernel_size, stride, padding)
 
     def forward(self, x: SparseTensor) -> SparseTensor:
         if not isinstance(x, SparseTensor):
