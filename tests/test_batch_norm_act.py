@@ -219,6 +219,17 @@ def test_blocks_in_inference_fold_their_norms(gen, make):
     with_grad = block(x)  # autograd on: the norms run (in their own pass)
     assert len(calls) == len(norms)
     torch.testing.assert_close(with_grad.F.detach(), expected.F, rtol=1e-10, atol=1e-10)
+    # The folded kernels are kept between calls, and refolded once a statistic or parameter changes.
+    block.train()
+    block(sparse_input(gen, 300, block_in(block)))  # running statistics move
+    with torch.no_grad():
+        next(block.parameters()).mul_(0.5)  # a parameter changes in place
+    block.eval()
+    with torch.no_grad():
+        again = block(SparseTensor(x.F.detach(), x.C))
+        expected = module_by_module(block, SparseTensor(x.F.detach(), x.C))
+    assert (again.F - out.F).abs().max() > 1e-3
+    torch.testing.assert_close(again.F, expected.F, rtol=1e-10, atol=1e-10)
 
 
 def test_conv_norm_arguments_are_checked(gen):

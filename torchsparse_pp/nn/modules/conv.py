@@ -104,7 +104,7 @@ class Conv3d(nn.Module):
             raise ValueError(f"channel mismatch: the norm has {norm.num_features} channels, the conv outputs "
                              f"{self.out_channels}")
         if self._folds(norm, input, residual):
-            kernel, bias = fold_batchnorm(self.kernel, self.bias, norm)
+            kernel, bias = self._folded(norm)
             epilogue = None
             if residual is not None or relu:
                 epilogue = Epilogue(None if residual is None else residual.F, relu)
@@ -115,6 +115,20 @@ class Conv3d(nn.Module):
               epilogue: Optional[Epilogue] = None) -> SparseTensor:
         return conv3d_with_geometry(input, kernel, self.geometry, bias, self.transposed, self.generative,
                                     self.downsample_mode, self.config, epilogue=epilogue)
+
+    def _folded(self, norm) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(kernel, bias) with ``norm`` folded in, kept until the norm, a parameter or a running
+        statistic changes (tensor identity and in-place version), so repeated inference calls do
+        not fold again."""
+        tensors = (self.kernel, self.bias, norm.weight, norm.bias, norm.running_mean, norm.running_var)
+        key = (norm, norm.eps, norm.affine) + tuple((t, None if t is None else t._version) for t in tensors)
+        cached = self.__dict__.get("_folded_cache")
+        if cached is not None and all((a[0] is b[0] and a[1] == b[1]) if isinstance(a, tuple) else a == b
+                                      for a, b in zip(cached[0], key)):
+            return cached[1], cached[2]
+        kernel, bias = fold_batchnorm(self.kernel, self.bias, norm)
+        self.__dict__["_folded_cache"] = (key, kernel, bias)
+        return kernel, bias
 
     def _folds(self, norm, input: SparseTensor, residual: Optional[SparseTensor]) -> bool:
         """Whether this call runs with ``norm`` folded: inference on running statistics, and a
