@@ -98,8 +98,9 @@ void grad_sums_impl(const T* __restrict__ dy, const T* __restrict__ x, const T* 
 
 // y = act(x * scale + shift + residual), row by row.
 template <bool Residual, bool Relu, typename T>
-TSPP_INLINE_IN_CLONES void apply_impl(const T* __restrict__ x, const T* __restrict__ residual, int64_t rows, int64_t n,
-                       const T* __restrict__ scale, const T* __restrict__ shift, T* __restrict__ y) {
+TSPP_INLINE_IN_CLONES
+void apply_impl(const T* __restrict__ x, const T* __restrict__ residual, int64_t rows, int64_t n,
+                const T* __restrict__ scale, const T* __restrict__ shift, T* __restrict__ y) {
   for (int64_t i = 0; i < rows; ++i) {
     const T* __restrict__ x_row = x + i * n;
     const T* __restrict__ r_row = Residual ? residual + i * n : nullptr;
@@ -193,8 +194,9 @@ TSPP_ROW_CLONES void apply_rows(const double* x, const double* residual, int64_t
 }
 
 template <typename T>
-TSPP_INLINE_IN_CLONES void grad_input_dispatch(const T* dy, const T* x, int64_t rows, int64_t n, const T* mean,
-                                const ReluMask& relu, const T* a, const T* b, const T* c, T* dx, T* masked_out) {
+TSPP_INLINE_IN_CLONES
+void grad_input_dispatch(const T* dy, const T* x, int64_t rows, int64_t n, const T* mean, const ReluMask& relu,
+                         const T* a, const T* b, const T* c, T* dx, T* masked_out) {
   const T* scale = static_cast<const T*>(relu.scale);
   const T* shift = static_cast<const T*>(relu.shift);
   const T* r = static_cast<const T*>(relu.residual);
