@@ -12,12 +12,15 @@
 #include <ATen/OpMathType.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "../common/offset_groups.h"
 #include "checks_cpu.h"
 #include "pair_tiles.h"
+#include "row_ops.h"
 
 namespace torchsparse_pp {
 
@@ -36,29 +39,26 @@ void tiled_gemm(int64_t m, int64_t n, int64_t k, const M* A, const M* B, M* C) {
 
 // Gathers and scatter-adds rows in parallel; rows at or beyond `valid` are padding (zeros).
 template <typename T, typename G>
-void gather_rows(const T* src, const int32_t* idx, int64_t valid, int64_t rows, int64_t c, G* buf) {
+void gather_rows_parallel(const T* src, const int32_t* idx, int64_t valid, int64_t rows, int64_t c, G* buf) {
   at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      G* d = buf + i * c;
-      if (i >= valid) {
-        std::fill(d, d + c, G(0));
-        continue;
+    const int64_t copied = std::max<int64_t>(0, std::min(end, valid) - begin);
+    if constexpr (std::is_same_v<T, G>) {
+      gather_rows(src, idx + begin, copied, c, buf + begin * c);
+    } else {
+      for (int64_t i = begin; i < begin + copied; ++i) {
+        const T* s = src + static_cast<int64_t>(idx[i]) * c;
+        for (int64_t j = 0; j < c; ++j) buf[i * c + j] = static_cast<G>(s[j]);
       }
-      const T* s = src + static_cast<int64_t>(idx[i]) * c;
-      if constexpr (std::is_same_v<T, G>) std::memcpy(d, s, sizeof(T) * c);
-      else for (int64_t j = 0; j < c; ++j) d[j] = static_cast<G>(s[j]);
     }
+    std::fill(buf + (begin + copied) * c, buf + end * c, G(0));
   });
 }
 
+// Within one offset every destination appears once, so chunks of pairs never share a row.
 template <typename G, typename Acc>
-void scatter_add_rows(const G* rows, const int32_t* idx, int64_t n, int64_t c, Acc* dst) {
+void scatter_add_parallel(const G* rows, const int32_t* idx, int64_t n, int64_t c, Acc* dst) {
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      Acc* d = dst + static_cast<int64_t>(idx[i]) * c;
-      const G* s = rows + i * c;
-      for (int64_t j = 0; j < c; ++j) d[j] += static_cast<Acc>(s[j]);
-    }
+    scatter_add_rows(rows + begin * c, end - begin, c, idx + begin, dst);
   });
 }
 
@@ -109,7 +109,7 @@ at::Tensor forward_impl(const at::Tensor& feats, const at::Tensor& weight, const
     const int64_t L = group.rows, members = static_cast<int64_t>(group.members.size());
     for (int64_t j = 0; j < members; ++j) {
       const int64_t k = group.members[j];
-      gather_rows(feats.data_ptr<T>(), src + off[k], off[k + 1] - off[k], L, c_src,
+      gather_rows_parallel(feats.data_ptr<T>(), src + off[k], off[k + 1] - off[k], L, c_src,
                   gathered.data_ptr<G>() + j * L * c_src);
     }
     at::Tensor g = gathered.narrow(0, 0, members * L);
@@ -127,7 +127,7 @@ at::Tensor forward_impl(const at::Tensor& feats, const at::Tensor& weight, const
     }
     for (int64_t j = 0; j < members; ++j) {
       const int64_t k = group.members[j];
-      scatter_add_rows(p.template data_ptr<G>() + j * L * c_dst, dst + off[k], off[k + 1] - off[k], c_dst,
+      scatter_add_parallel(p.template data_ptr<G>() + j * L * c_dst, dst + off[k], off[k + 1] - off[k], c_dst,
                        out.data_ptr<Acc>());
     }
   }
@@ -157,8 +157,8 @@ at::Tensor wgrad_impl(const at::Tensor& feats, const at::Tensor& grad, const at:
     }
     auto a = gathered_src.narrow(0, 0, n);
     auto b = gathered_dst.narrow(0, 0, n);
-    gather_rows(feats.data_ptr<T>(), src_idx.data_ptr<int32_t>() + off[k], n, n, c_src, a.data_ptr<T>());
-    gather_rows(grad.data_ptr<T>(), dst_idx.data_ptr<int32_t>() + off[k], n, n, c_dst, b.data_ptr<T>());
+    gather_rows_parallel(feats.data_ptr<T>(), src_idx.data_ptr<int32_t>() + off[k], n, n, c_src, a.data_ptr<T>());
+    gather_rows_parallel(grad.data_ptr<T>(), dst_idx.data_ptr<int32_t>() + off[k], n, n, c_dst, b.data_ptr<T>());
     at::mm_out(dw, a.t(), b);
   }
   return dweight;

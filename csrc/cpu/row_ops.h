@@ -12,6 +12,13 @@ namespace torchsparse_pp {
 // out[dst[i], :n] += rows[i, :n] for i < count (rows row-major with leading dimension n).
 void scatter_add_rows(const float* rows, int64_t count, int64_t n, const int32_t* dst, float* out);
 void scatter_add_rows(const double* rows, int64_t count, int64_t n, const int32_t* dst, double* out);
+void scatter_add_rows(const c10::BFloat16* rows, int64_t count, int64_t n, const int32_t* dst, float* out);
+
+// out[i, :n] = src[idx[i], :n] for i < count (out row-major with leading dimension n): short rows
+// copied inline, where a memcpy call per row would cost more than the copy.
+void gather_rows(const float* src, const int32_t* idx, int64_t count, int64_t n, float* out);
+void gather_rows(const double* src, const int32_t* idx, int64_t count, int64_t n, double* out);
+void gather_rows(const c10::BFloat16* src, const int32_t* idx, int64_t count, int64_t n, c10::BFloat16* out);
 
 // out[j] = (even[j], odd[j]) as one 32-bit word per column: two rows in bfloat16 pairs; a null
 // row reads as zeros.
