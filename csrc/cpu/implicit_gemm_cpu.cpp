@@ -236,9 +236,10 @@ void check_plan_covers_table(const Plan& plan, const at::Tensor& table) {
 }
 
 // One segment of the forward by the register kernels (pair_gemm.h rows_gemm): groups of rows
-// sum every present offset in registers and write their output rows once; absent neighbours read
-// a row of zeros; padding slots of a sorted plan write to a sink row. `zero_empty`: rows of a
-// segment without offsets get zeros (a split's partial buffer starts at zero).
+// sum, in registers, every offset that one of them has, and write their output rows once; a
+// row's absent neighbours read a row of zeros; padding slots of a sorted plan write to a sink
+// row. `zero_empty`: rows of a segment without offsets get zeros (a split's partial buffer
+// starts at zero).
 template <typename T, typename A>
 void register_segment(const Plan& plan, const Segment& seg, const int32_t* map, int64_t K, const T* f, int64_t c_src,
                       const A* wp, int64_t k_len, int64_t c_dst, float* dst, bool zero_empty) {
@@ -253,7 +254,6 @@ void register_segment(const Plan& plan, const Segment& seg, const int32_t* map, 
   float* sink = scratch<float, 3>(c_dst);
   const T** a = scratch<const T*, 4>(std::max<int64_t>(1, terms) * kRowGroup);
   const A** w = scratch<const A*, 5>(std::max<int64_t>(1, terms));
-  for (int64_t j = 0; j < terms; ++j) w[j] = wp + present[j] * k_len * c_dst;
   for (int64_t g0 = 0; g0 < rows; g0 += kRowGroup) {
     const int64_t group = std::min(kRowGroup, rows - g0);
     float* out_rows[kRowGroup];
@@ -261,17 +261,24 @@ void register_segment(const Plan& plan, const Segment& seg, const int32_t* map, 
       const int64_t r = plan.row(s, p0 + g0 + m);
       out_rows[m] = r < 0 ? sink : dst + r * c_dst;
     }
-    if (terms == 0) {
+    // The tile's offsets that some row of this group has: the rest would only add zero
+    // products (weights here are finite), and a group's rows are fewer than the tile's.
+    int64_t used = 0;
+    for (int64_t j = 0; j < terms; ++j) {
+      bool any = false;
+      for (int64_t m = 0; m < group; ++m) {
+        const int64_t r = plan.source(s, p0 + g0 + m, map, K, present[j]);
+        a[used * kRowGroup + m] = r < 0 ? zeros : f + r * c_src;
+        any = any || r >= 0;
+      }
+      if (any) w[used++] = wp + present[j] * k_len * c_dst;
+    }
+    if (used == 0) {
       if (zero_empty)
         for (int64_t m = 0; m < group; ++m) std::fill(out_rows[m], out_rows[m] + c_dst, 0.f);
       continue;
     }
-    for (int64_t j = 0; j < terms; ++j)
-      for (int64_t m = 0; m < group; ++m) {
-        const int64_t r = plan.source(s, p0 + g0 + m, map, K, present[j]);
-        a[j * kRowGroup + m] = r < 0 ? zeros : f + r * c_src;
-      }
-    rows_gemm(group, terms, a, c_src, w, c_dst, out_rows, false);
+    rows_gemm(group, used, a, c_src, w, c_dst, out_rows, false);
   }
 }
 
@@ -407,7 +414,7 @@ at::Tensor wgrad_impl(Tiles, const at::Tensor& feats, const at::Tensor& grad, co
       Tiles::gather_rhs(g, c_dst, rows, [&](int64_t i) { return kept(plan.row(s, p0 + i)); }, b);
       plan.for_each_run(s, seg.t0, nullptr, [&](int64_t k0, int64_t k1) {
         for (int64_t ka = k0; ka < k1; ka += per_block) {
-          const int64_t kb = std::min(k1, ka + per_block), cols = (kb - ka) * c_src;
+          const int64_t kb = std::min(k1, ka + per_block);
           for (int64_t k = ka; k < kb; ++k)
             Tiles::gather_rows_t(f, c_src, rows,
                                  [&](int64_t i) {
