@@ -21,6 +21,8 @@ CONFIGS = {
     "implicit_gemm_sorted2": ConvConfig("implicit_gemm", sorted=True, split_mask_num=2),
     "implicit_gemm_unsorted": ConvConfig("implicit_gemm", sorted=False, split_mask_num=0),
     "gather_scatter": ConvConfig("gather_scatter"),
+    # Grouped offsets padded to one size: padding rows of the gathered buffer, batched GEMMs.
+    "gather_scatter_grouped": ConvConfig("gather_scatter", epsilon=0.5, mm_thresh=50),
 }
 CASES = [("subm_k3", 3, 5), ("subm_k3", 33, 17), ("subm_k5", 7, 9), ("k3s2p1_spconv", 16, 24),
          ("transposed_k3s2p1", 5, 3), ("generative_k2s2", 2, 1)]
