@@ -76,6 +76,35 @@ def test_minkunet_inference_inductor_fullgraph():
     torch.compiler.set_stance("default")
 
 
+
+def test_compiled_inference_folds_the_norms():
+    """Compiled inference folds each BatchNorm into its conv like eager inference does (in the
+    graph): the convs run the fused kernel with ReLU in its epilogue, no normalising or ReLU op is
+    left, and the output equals eager's. A training-mode graph keeps them."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    model = MinkUNet(in_channels=4, num_classes=5, cr=0.125).eval()
+    randomise_norms(model, gen)
+    targets = []
+
+    def capture(gm, example_inputs):
+        targets.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm.forward
+    feats, coords = minkunet_input(gen)
+    with torch.no_grad():
+        expected = model(tsp.SparseTensor(feats, coords))
+        got = torch.compile(model, fullgraph=True, backend=capture)(tsp.SparseTensor(feats, coords))
+    assert rel_err(got, expected) < 1e-5
+    (ops,) = targets
+    assert "torchsparse_pp.fetch_on_demand_forward_fused" in ops
+    assert not [t for t in ops if "relu" in t or "addcmul" in t or "batch_norm" in t], ops
+    torch._dynamo.reset()
+    targets.clear()
+    torch.compile(model.train(), fullgraph=True, backend=capture)(tsp.SparseTensor(feats, coords))
+    (ops,) = targets
+    assert [t for t in ops if "relu" in t] and "torchsparse_pp.fetch_on_demand_forward_fused" not in ops, ops
+
+
 def test_minkunet_training_step_fullgraph():
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)

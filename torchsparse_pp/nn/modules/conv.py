@@ -88,7 +88,7 @@ class Conv3d(nn.Module):
                 residual: Optional[SparseTensor] = None, relu: bool = False) -> SparseTensor:
         """The conv of ``input``. Blocks may pass the BatchNorm that follows it (``norm``, one of
         ours), a ``residual`` added after the norm and ``relu``: in inference (eval, no autograd,
-        eager) the norm is folded into the kernel for this call and the add and ReLU run in the
+        eager or compiled) the norm is folded into the kernel for this call and the add and ReLU run in the
         conv's output epilogue, as nn.fuse makes permanent; otherwise the norm runs them in its
         own pass."""
         if norm is None:
@@ -119,7 +119,9 @@ class Conv3d(nn.Module):
     def _folded(self, norm) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(kernel, bias) with ``norm`` folded in, kept until the norm, a parameter or a running
         statistic changes (tensor identity and in-place version), so repeated inference calls do
-        not fold again."""
+        not fold again. A compiled graph folds in the graph (the cache is Python state)."""
+        if torch.compiler.is_compiling():
+            return fold_batchnorm(self.kernel, self.bias, norm)
         tensors = (self.kernel, self.bias, norm.weight, norm.bias, norm.running_mean, norm.running_var)
         key = (norm, norm.eps, norm.affine) + tuple((t, None if t is None else t._version) for t in tensors)
         cached = self.__dict__.get("_folded_cache")
@@ -135,7 +137,6 @@ class Conv3d(nn.Module):
         residual (if any) on the output's coordinates."""
         return (not norm.training and norm.track_running_stats and norm.running_mean is not None
                 and norm.running_var is not None and not torch.is_grad_enabled()
-                and not torch.compiler.is_compiling()
                 and (residual is None or (residual.C is input.C and self.geometry.is_unit_stride
                                           and not self.transposed)))
 
