@@ -161,6 +161,8 @@ def test_generative_map_and_maps_of_new_coordinates(geometry, generator):
 @pytest.mark.parametrize("geometry", [
     ConvGeometry.make(3), ConvGeometry.make(2), ConvGeometry.make(3, padding=0),
     ConvGeometry.make((3, 1, 5), dilation=(1, 2, 1), padding=(1, 0, 4)), ConvGeometry.make(4, dilation=2, padding=3),
+    # a z run with gaps (dilation 3 in z), off centre
+    ConvGeometry.make((2, 3, 3), dilation=(1, 1, 3), padding=(0, 1, 2)),
 ])
 def test_submanifold_merge_matches_hash_and_numpy(geometry, generator):
     """The sort-merge build (any input order) equals the hash-probe build and the numpy oracle."""

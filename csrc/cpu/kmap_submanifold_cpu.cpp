@@ -1,10 +1,12 @@
 // Submanifold kernel maps (Q = P) on the CPU by sort and merge, without hashing.
 //
 // Packing is monotone and a neighbour offset adds one constant to a packed key, so for a fixed
-// offset the shifted keys of a sorted coordinate set are sorted too. Each offset's neighbours
-// are then one linear merge of the sorted keys against themselves: sequential memory traffic
-// instead of a random hash probe per (row, offset). A carry between packed fields would alias
-// another coordinate, so a match counts only if every shifted field stays in range.
+// offset the shifted keys of a sorted coordinate set are sorted too. The offsets of one (dx, dy)
+// differ only in z, the lowest field, so their neighbours of a row are one short run of keys:
+// each such column is one linear merge of the sorted keys against themselves, scanning the run
+// at the cursor (sequential memory traffic instead of a random hash probe per (row, offset)).
+// A carry between packed fields would alias another coordinate, so a match counts only if every
+// shifted field stays in range.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -48,18 +50,21 @@ at::Tensor kmap_submanifold_cpu(const at::Tensor& coords_in, at::IntArrayRef ker
   // K-1-k, so only offsets before the centre are merged and the rest are mirrored.
   const bool symmetric = is_centred_submanifold(g);
   const int64_t merged = symmetric ? K / 2 : K;
-  struct Shift {
-    int64_t dx, dy, dz, delta;
+  // Offsets sharing (dx, dy) form a column: their shifted keys are one run in z, so one
+  // cursor per column finds all of them, where a cursor per offset would walk the keys once
+  // per offset (13 walks instead of 5 for a 3x3x3 kernel).
+  struct Column {
+    int64_t dx, dy, dz0, k0, delta0;  // offsets k0 + l read z = dz0 + l * dilation, l < k[2]
   };
-  std::vector<Shift> shifts(merged);
+  std::vector<Column> columns;
   for (int64_t i = 0; i < g.k[0]; ++i)
-    for (int64_t j = 0; j < g.k[1]; ++j)
-      for (int64_t l = 0; l < g.k[2]; ++l) {
-        const int64_t k = g.offset_index(i, j, l);
-        if (k >= merged) continue;
-        const int64_t dx = g.input_of(0, 0, i), dy = g.input_of(1, 0, j), dz = g.input_of(2, 0, l);
-        shifts[k] = {dx, dy, dz, dx * (int64_t(1) << 32) + dy * (int64_t(1) << 16) + dz};
-      }
+    for (int64_t j = 0; j < g.k[1]; ++j) {
+      const int64_t k0 = g.offset_index(i, j, 0);
+      if (k0 >= merged) continue;
+      const int64_t dx = g.input_of(0, 0, i), dy = g.input_of(1, 0, j), dz0 = g.input_of(2, 0, 0);
+      columns.push_back({dx, dy, dz0, k0, dx * (int64_t(1) << 32) + dy * (int64_t(1) << 16) + dz0});
+    }
+  const int64_t dz_step = g.d[2], span = (g.k[2] - 1) * dz_step;
 
   // About 32 chunks whatever n is, so that small sets (the coarse levels of a U-Net) still
   // split evenly over the threads (at most 4096 rows, at least 256, per chunk).
@@ -67,25 +72,29 @@ at::Tensor kmap_submanifold_cpu(const at::Tensor& coords_in, at::IntArrayRef ker
   at::parallel_for(0, (n + merge_chunk - 1) / merge_chunk, 1, [&](int64_t cb, int64_t ce) {
     for (int64_t chunk = cb; chunk < ce; ++chunk) {
       const int64_t i0 = chunk * merge_chunk, i1 = std::min(n, i0 + merge_chunk);
-      for (int64_t k = 0; k < merged; ++k) {
-        const Shift sh = shifts[k];
-        // Shifted keys below 0 (batch 0 at the low edge of the range) have no neighbour; they
-        // form a prefix of the chunk, since the keys are sorted and the shift is constant.
-        const int64_t first = std::max<int64_t>(static_cast<int64_t>(keys[i0]) + sh.delta, 0);
+      for (const Column& col : columns) {
+        // Row i's column holds the keys in [keys[i] + delta0, keys[i] + delta0 + span]. Keys
+        // below 0 (batch 0 at the low edge of the range) hold nothing.
+        const int64_t first = std::max<int64_t>(static_cast<int64_t>(keys[i0]) + col.delta0, 0);
         int64_t j = std::lower_bound(keys.begin(), keys.end(), static_cast<uint64_t>(first)) - keys.begin();
         for (int64_t i = i0; i < i1; ++i) {
-          const int64_t shifted = static_cast<int64_t>(keys[i]) + sh.delta;
-          if (shifted < 0) continue;
-          const auto query = static_cast<uint64_t>(shifted);
-          while (j < n && keys[j] < query) ++j;
-          if (j == n) break;
-          if (keys[j] != query) continue;
           const uint64_t key = keys[i];
-          if (!spatial_in_range(field(key, 32) + sh.dx) || !spatial_in_range(field(key, 16) + sh.dy) ||
-              !spatial_in_range(field(key, 0) + sh.dz))
-            continue;  // a carry between fields: not a neighbour
-          m[static_cast<int64_t>(rows[i]) * K + k] = rows[j];
-          if (symmetric) m[static_cast<int64_t>(rows[j]) * K + (K - 1 - k)] = rows[i];
+          const int64_t low = static_cast<int64_t>(key) + col.delta0, high = low + span;
+          if (high < 0) continue;
+          const auto lowest = static_cast<uint64_t>(std::max<int64_t>(low, 0));
+          while (j < n && keys[j] < lowest) ++j;
+          for (int64_t t = j; t < n && keys[t] <= static_cast<uint64_t>(high); ++t) {
+            const int64_t rel = static_cast<int64_t>(keys[t]) - low;
+            if (dz_step != 1 && rel % dz_step != 0) continue;
+            const int64_t l = dz_step == 1 ? rel : rel / dz_step, k = col.k0 + l;
+            if (k >= merged) break;  // the rest of the column is mirrored (or the centre)
+            const int64_t dz = col.dz0 + l * dz_step;
+            if (!spatial_in_range(field(key, 32) + col.dx) || !spatial_in_range(field(key, 16) + col.dy) ||
+                !spatial_in_range(field(key, 0) + dz))
+              continue;  // a carry between fields: not a neighbour
+            m[static_cast<int64_t>(rows[i]) * K + k] = rows[t];
+            if (symmetric) m[static_cast<int64_t>(rows[t]) * K + (K - 1 - k)] = rows[i];
+          }
         }
       }
     }
