@@ -1,4 +1,8 @@
 """Hash table and kernel maps against a numpy oracle (sorted packed keys + searchsorted)."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -72,6 +76,10 @@ def test_hash_extreme_coordinates():
     (ConvGeometry.make((3, 1, 1), stride=(2, 1, 1), padding=(1, 0, 0)), "spconv"),
     (ConvGeometry.make(2, stride=2), "minkowski"),
     (ConvGeometry.make(3, stride=3, padding=2, dilation=2), "spconv"),
+    # K = 16, 18 and 32: the edges of the two 16-lane halves of the vector pair counter
+    (ConvGeometry.make((2, 2, 4)), "submanifold"),
+    (ConvGeometry.make((3, 3, 2), stride=(2, 2, 1), padding=(1, 1, 0)), "spconv"),
+    (ConvGeometry.make((4, 4, 2)), "submanifold"),
 ])
 def test_out_in_and_pairs_views(geometry, mode, generator):
     coords = random_coords(generator, 3000, batch=2, low=-20, high=20)
@@ -94,9 +102,20 @@ def test_out_in_and_pairs_views(geometry, mode, generator):
         assert np.array_equal(pairs.in_idx[start:end].numpy(), expected[rows, k])
         identity = len(rows) == kmap.num_out == kmap.num_in and np.array_equal(expected[rows, k], rows)
         assert bool(pairs.identity[k]) == identity
-    if mode == "submanifold":
+    if mode == "submanifold" and all(k % 2 for k in geometry.kernel_size):
         assert bool(pairs.identity[geometry.volume // 2])  # the centre offset of an odd kernel
 
+
+
+def test_pairs_views_without_the_vector_counter():
+    """The scalar pair counter (CPUs without AVX-512) against the same numpy oracle: the view
+    tests above in a process with TSPP_DISABLE_KMAP_AVX512=1."""
+    env = dict(os.environ, TSPP_DISABLE_KMAP_AVX512="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           f"{__file__}::test_out_in_and_pairs_views"], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=os.path.dirname(__file__))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "8 passed" in done.stdout and "failed" not in done.stdout
 
 def test_maps_independent_of_thread_count(generator):
     coords = random_coords(generator, 20000, batch=2, low=-40, high=40)

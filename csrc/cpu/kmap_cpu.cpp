@@ -1,6 +1,7 @@
 // Kernel maps on the CPU by hash lookup between any two coordinate sets (kmap_out_in), and the
 // weight-stationary pairs view of any map (kmap_pairs).
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "checks_cpu.h"
+#include "cpu_features.h"
 #include "hash_cpu.h"
 #include "kmap_common.h"
 
@@ -113,6 +115,37 @@ int32_t count_pairs(const int32_t* m, int64_t K, int64_t r0, int64_t r1, int64_t
   return largest;
 }
 
+// count_pairs for K <= 32 with AVX-512: a row is two vector loads, its present offsets one
+// compare each, and the counters two vectors of lanes (no loop over the row's set bits, whose
+// exit mispredicts). Lanes past K read as -1 (absent).
+TSPP_AVX512_TARGET int32_t count_pairs_avx512(const int32_t* m, int64_t K, int64_t r0, int64_t r1, int64_t* cnt,
+                                              uint64_t* masks) {
+  const __mmask16 low = K >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << K) - 1);
+  const __mmask16 high = K > 16 ? __mmask16((1u << (K - 16)) - 1) : __mmask16(0);
+  const __m512i absent = _mm512_set1_epi32(-1), zero = _mm512_setzero_si512(), one = _mm512_set1_epi32(1);
+  __m512i c0 = zero, c1 = zero, largest = absent;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int32_t* row = m + r * K;
+    const __m512i a = _mm512_mask_loadu_epi32(absent, low, row);
+    const __m512i b = _mm512_mask_loadu_epi32(absent, high, row + 16);
+    const __mmask16 pa = _mm512_cmpge_epi32_mask(a, zero), pb = _mm512_cmpge_epi32_mask(b, zero);
+    masks[r] = uint64_t(pa) | (uint64_t(pb) << 16);
+    c0 = _mm512_mask_add_epi32(c0, pa, c0, one);
+    c1 = _mm512_mask_add_epi32(c1, pb, c1, one);
+    largest = _mm512_max_epi32(largest, _mm512_max_epi32(a, b));
+  }
+  alignas(64) int32_t lanes[32];
+  _mm512_store_si512(lanes, c0);
+  _mm512_store_si512(lanes + 16, c1);
+  for (int64_t k = 0; k < K; ++k) cnt[k] += lanes[k];
+  return _mm512_reduce_max_epi32(largest);
+}
+
+bool count_pairs_avx512_available() {
+  static const bool available = cpu_has_avx512(/*bf16=*/false) && !disabled_by_env("TSPP_DISABLE_KMAP_AVX512");
+  return available;
+}
+
 // Writes the pairs of map rows [r0, r1), each offset's at its cursor in `pos`.
 void emit_pairs(const int32_t* m, int64_t K, int64_t r0, int64_t r1, const uint64_t* masks, int64_t* pos,
                 int32_t* in_idx, int32_t* out_idx) {
@@ -148,11 +181,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cpu(
   std::unique_ptr<uint64_t[]> masks;
   if (K <= 64) masks = std::make_unique_for_overwrite<uint64_t[]>(num_out);
   std::atomic<bool> in_range{true};
+  // Chunks hold at most 2^31 / 256 rows each, so the vector kernel's int32 lanes do not overflow.
+  const bool vector_count = K <= 32 && count_pairs_avx512_available();
   at::parallel_for(0, num_chunks, 1, [&](int64_t cb, int64_t ce) {
-    for (int64_t ch = cb; ch < ce; ++ch)
-      if (count_pairs(m, K, ch * chunk, std::min(num_out, (ch + 1) * chunk), counts.data() + ch * K, masks.get()) >=
-          num_in)
-        in_range = false;
+    for (int64_t ch = cb; ch < ce; ++ch) {
+      const int64_t r0 = ch * chunk, r1 = std::min(num_out, (ch + 1) * chunk);
+      int64_t* cnt = counts.data() + ch * K;
+      const int32_t largest = vector_count ? count_pairs_avx512(m, K, r0, r1, cnt, masks.get())
+                                           : count_pairs(m, K, r0, r1, cnt, masks.get());
+      if (largest >= num_in) in_range = false;
+    }
   });
   TORCH_CHECK(in_range.load(), "out_in holds input rows >= num_in (", num_in, ")");
   auto offsets = at::empty({K + 1}, out_in.options().dtype(at::kLong));
