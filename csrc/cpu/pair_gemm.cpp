@@ -2,6 +2,8 @@
 // kernels carry their own target attributes and run only after the CPU check.
 #include "pair_gemm.h"
 
+#include <torch/library.h>
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -320,6 +322,14 @@ void rows_gemm(int64_t rows, int64_t terms, const float* const* a_rows, int64_t 
 void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
                const c10::BFloat16* const* W_terms, int64_t N, float* const* out_rows, bool accumulate) {
   columns<c10::BFloat16, kRowGroup>(rows, terms, a_rows, K, W_terms, N, out_rows, accumulate);
+}
+
+}  // namespace torchsparse_pp
+
+namespace torchsparse_pp {
+
+TORCH_LIBRARY_IMPL(torchsparse_pp, CompositeExplicitAutograd, m) {
+  m.impl("cpu_register_kernels", []() { return pair_gemm_available(); });
 }
 
 }  // namespace torchsparse_pp

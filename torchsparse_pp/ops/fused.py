@@ -24,6 +24,12 @@ def cpu_bf16_dot() -> bool:
     return _ops.cpu_bf16_dot()
 
 
+def cpu_register_kernels() -> bool:
+    """Whether fetch_on_demand runs its AVX-512 register kernels on this CPU (float32, and
+    bfloat16 with AVX512-BF16); otherwise it multiplies float tiles."""
+    return _ops.cpu_register_kernels()
+
+
 @torch.library.register_fake("torchsparse_pp::fetch_on_demand_forward_fused")
 def _fused_fake(feats, weight, src_idx, dst_idx, offsets, identity, num_dst, bias, residual, relu):
     return forward_fake(feats, weight, num_dst, False)

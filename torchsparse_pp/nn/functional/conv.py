@@ -14,7 +14,7 @@ from ...kmap.geometry import IntOr3
 from ...tensor import SparseTensor
 from .config import ConfigLike, PassConfigs, resolve_for_call
 from .dataflows import OrientedMap, sparse_conv
-from .epilogue import Epilogue, forward_with_epilogue
+from .epilogue import Epilogue, forward_with_epilogue, pointwise_forward
 
 # Per (device type, backend); the Triton kernels take the same dtypes on every device.
 SUPPORTED_DTYPES = {("cpu", "native"): (torch.float32, torch.float64, torch.bfloat16),
@@ -116,9 +116,8 @@ def conv3d_with_geometry(input: SparseTensor, weight: torch.Tensor, geometry: Co
     if epilogue is not None:
         epilogue.check(weight.shape[2], input.device)
     if geometry.is_pointwise:
-        # Every output reads only its own row: no map needed; the bias goes into the GEMM.
-        out = feats @ weight[0] if bias is None else torch.addmm(bias, feats, weight[0])
-        out = out if epilogue is None else epilogue.apply(out, None, fresh=True)
+        # Every output reads only its own row: no map needed.
+        out = pointwise_forward(configs, feats, weight, bias, epilogue)
     elif not transposed:
         if geometry.is_unit_stride:
             kmap = submanifold_map(cache, coords, geometry, input.spatial_range)

@@ -60,17 +60,48 @@ def _in_kernel(config, feats: torch.Tensor, tensors) -> bool:
             and not needs_graph)
 
 
+def _kernel_residual(residual: Optional[torch.Tensor], rows: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """The residual as the fused kernel reads it: ``rows`` rows of the features' dtype."""
+    if residual is None:
+        return None
+    if residual.shape[0] != rows:
+        raise ValueError(f"epilogue residual has {residual.shape[0]} rows but the conv has {rows} outputs")
+    return residual.to(dtype).contiguous()
+
+
+# Where the register kernels run (AVX-512; bfloat16 also needs AVX512-BF16), a 1x1x1 conv of
+# 2^27 multiply-adds or more runs faster as fetch_on_demand over identity pairs than as
+# torch.addmm (the bias, residual and ReLU go in its epilogue, the output is written once);
+# below that addmm is as fast or faster (benchmarks/pointwise_cpu.py: MinkUNet's shortcuts).
+_REGISTER_DTYPES = ((torch.float32,) if ops.cpu_register_kernels() else ()) + (
+    (torch.bfloat16,) if ops.cpu_register_kernels() and ops.cpu_bf16_dot() else ())
+POINTWISE_KERNEL_MIN_MACS = 1 << 27
+
+
+def pointwise_forward(configs: PassConfigs, feats: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                      epilogue: Optional[Epilogue]) -> torch.Tensor:
+    """A 1x1x1 conv (every output reads its own row) followed by ``epilogue`` (if any)."""
+    residual = None if epilogue is None else epilogue.residual
+    # A compiled graph always takes the kernel: a size test would specialise it on the rows.
+    macs = feats.shape[0] * weight.shape[1] * weight.shape[2]
+    large = torch.compiler.is_compiling() or macs >= POINTWISE_KERNEL_MIN_MACS
+    if feats.dtype in _REGISTER_DTYPES and large and _in_kernel(configs.forward, feats, (feats, weight, bias, residual)):
+        n = feats.shape[0]
+        rows = torch.arange(n, dtype=torch.int32)
+        offsets = torch.tensor([0, n], dtype=torch.int64)
+        return ops.fetch_on_demand_forward_fused(feats, weight, rows, rows, offsets, torch.ones(1, dtype=torch.bool),
+                                                 n, bias, _kernel_residual(residual, n, feats.dtype),
+                                                 epilogue is not None and epilogue.relu)
+    out = feats @ weight[0] if bias is None else torch.addmm(bias, feats, weight[0])
+    return out if epilogue is None else epilogue.apply(out, None, fresh=True)
+
+
 def forward_with_epilogue(configs: PassConfigs, text: str, feats, weight, bias, view, epilogue: Epilogue) -> torch.Tensor:
     """The conv over ``view`` followed by ``epilogue``; in the kernel where it can run there."""
     residual = epilogue.residual
     if _in_kernel(configs.forward, feats, (feats, weight, bias, residual)):
         src, dst, offsets, identity = view.pairs(sorted_by="dst")
-        if residual is not None:
-            if residual.shape[0] != view.num_dst:
-                raise ValueError(f"epilogue residual has {residual.shape[0]} rows but the conv has "
-                                 f"{view.num_dst} outputs")
-            residual = residual.to(feats.dtype).contiguous()
         return ops.fetch_on_demand_forward_fused(feats, weight, src, dst, offsets, identity, view.num_dst, bias,
-                                                 residual, epilogue.relu)
+                                                 _kernel_residual(residual, view.num_dst, feats.dtype), epilogue.relu)
     out = sparse_conv(feats, weight, view, configs, text, backends.deterministic, backends.allow_tf32)
     return epilogue.apply(out, bias)

@@ -1,0 +1,93 @@
+"""1x1x1 convs on the CPU: in inference they run fetch_on_demand's register kernel over identity
+pairs (bias, residual and ReLU in its epilogue) where the CPU has the kernels, and torch.addmm
+when autograd needs a graph. Oracle: the same sums in float64 (each output row times the
+weight), on LiDAR-like inputs; both routes must agree with it and with each other."""
+import pytest
+import torch
+
+import torchsparse_pp as tsp
+from torchsparse_pp import ops
+from torchsparse_pp.nn.functional import conv3d
+from torchsparse_pp.nn.functional import epilogue as epilogue_module
+from torchsparse_pp.nn.functional.epilogue import Epilogue
+from conftest import lidar_coords
+
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def oracle(feats, weight, bias, residual, relu):
+    out = feats.double() @ weight[0].double()
+    if bias is not None:
+        out = out + bias.double()
+    if residual is not None:
+        out = out + residual.double()
+    return out.clamp_min(0) if relu else out
+
+
+def rel(a, b):
+    return float((a.double() - b).norm() / b.norm())
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Calls of the fused kernel; every 1x1x1 conv counts as large enough for it."""
+    monkeypatch.setattr(epilogue_module, "POINTWISE_KERNEL_MIN_MACS", 0)
+    calls = []
+    real = ops.fetch_on_demand_forward_fused
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return real(*args)
+    monkeypatch.setattr(ops, "fetch_on_demand_forward_fused", counting)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("c_in, c_out, with_bias, with_residual, relu",
+                         [(16, 48, True, False, False), (48, 19, False, False, False), (7, 33, True, True, True),
+                          (64, 48, True, True, False)])
+def test_pointwise_matches_the_oracle_on_both_routes(seed, gen, kernel_calls, dtype, c_in, c_out, with_bias, with_residual,
+                                                     relu):
+    coords = lidar_coords(seed)
+    n = len(coords)
+    feats = (torch.randn(n, c_in, generator=gen) * torch.rand(c_in, generator=gen)).to(dtype)
+    weight = torch.randn(1, c_in, c_out, generator=gen).to(dtype)
+    bias = torch.randn(c_out, generator=gen).to(dtype) if with_bias else None
+    residual = torch.randn(n, c_out, generator=gen).to(dtype) if with_residual else None
+    expected = oracle(feats, weight, bias, residual, relu)
+    epilogue = Epilogue(residual, relu) if (with_residual or relu) else None
+    x = tsp.SparseTensor(feats, coords)
+    with torch.no_grad():
+        in_kernel = conv3d(x, weight, 1, bias=bias, epilogue=epilogue).F
+    kernel_route = dtype in epilogue_module._REGISTER_DTYPES
+    assert len(kernel_calls) == int(kernel_route)
+    w = weight.clone().requires_grad_(True)
+    with_graph = conv3d(x, w, 1, bias=bias, epilogue=epilogue).F  # addmm: autograd needs the graph
+    assert len(kernel_calls) == int(kernel_route)
+    assert in_kernel.dtype == with_graph.dtype == dtype
+    assert rel(in_kernel, expected) < TOLERANCE[dtype]
+    assert rel(with_graph.detach(), expected) < TOLERANCE[dtype]
+
+
+def test_pointwise_residual_rows_are_checked(seed, gen):
+    coords = lidar_coords(seed)
+    x = tsp.SparseTensor(torch.randn(len(coords), 4, generator=gen), coords)
+    with torch.no_grad(), pytest.raises(ValueError, match="epilogue residual has"):
+        conv3d(x, torch.randn(1, 4, 6, generator=gen), 1, epilogue=Epilogue(torch.randn(len(coords) - 1, 6), True))
+
+
+def test_small_pointwise_convs_keep_addmm(seed, gen, kernel_calls, monkeypatch):
+    """Below POINTWISE_KERNEL_MIN_MACS multiply-adds torch.addmm is as fast: it runs there."""
+    coords = lidar_coords(seed)
+    x = tsp.SparseTensor(torch.randn(len(coords), 8, generator=gen), coords)
+    weight = torch.randn(1, 8, 12, generator=gen)
+    monkeypatch.setattr(epilogue_module, "POINTWISE_KERNEL_MIN_MACS", len(coords) * 8 * 12 + 1)
+    with torch.no_grad():
+        small = conv3d(x, weight, 1).F
+    assert kernel_calls == []
+    monkeypatch.setattr(epilogue_module, "POINTWISE_KERNEL_MIN_MACS", len(coords) * 8 * 12)
+    with torch.no_grad():
+        large = conv3d(x, weight, 1).F
+    assert len(kernel_calls) == int(torch.float32 in epilogue_module._REGISTER_DTYPES)
+    expected = oracle(x.F, weight, None, None, False)
+    assert rel(small, expected) < 1e-5 and rel(large, expected) < 1e-5
