@@ -36,7 +36,8 @@ print(json.dumps({"faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt -
 
 
 def run(env_update):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "TSPP_KEEP_FREED_MEMORY"}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MALLOC_") and k not in ("TSPP_KEEP_FREED_MEMORY", "GLIBC_TUNABLES")}
     env.update(env_update)
     done = subprocess.run([sys.executable, "-c", ROUNDS], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -56,9 +57,11 @@ def test_freed_memory_is_reused_without_page_faults():
 
 
 @glibc_only
-@pytest.mark.parametrize("variable", ["MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"])
-def test_user_malloc_environment_is_left_alone(variable):
-    assert run({variable: str(64 << 20)})["settings"] is None
+@pytest.mark.parametrize("variable, value", [("MALLOC_TRIM_THRESHOLD_", str(64 << 20)),
+                                             ("MALLOC_MMAP_THRESHOLD_", str(64 << 20)),
+                                             ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=67108864")])
+def test_user_malloc_environment_is_left_alone(variable, value):
+    assert run({variable: value})["settings"] is None
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2 ** 31, 1.5, True, "1"])

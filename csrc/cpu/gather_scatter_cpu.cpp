@@ -13,7 +13,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -110,7 +109,7 @@ at::Tensor forward_impl(const at::Tensor& feats, const at::Tensor& weight, const
     for (int64_t j = 0; j < members; ++j) {
       const int64_t k = group.members[j];
       gather_rows_parallel(feats.data_ptr<T>(), src + off[k], off[k + 1] - off[k], L, c_src,
-                  gathered.data_ptr<G>() + j * L * c_src);
+                           gathered.data_ptr<G>() + j * L * c_src);
     }
     at::Tensor g = gathered.narrow(0, 0, members * L);
     at::Tensor p = product.narrow(0, 0, members * L);
@@ -128,7 +127,7 @@ at::Tensor forward_impl(const at::Tensor& feats, const at::Tensor& weight, const
     for (int64_t j = 0; j < members; ++j) {
       const int64_t k = group.members[j];
       scatter_add_parallel(p.template data_ptr<G>() + j * L * c_dst, dst + off[k], off[k + 1] - off[k], c_dst,
-                       out.data_ptr<Acc>());
+                           out.data_ptr<Acc>());
     }
   }
   return out.scalar_type() == feats.scalar_type() ? out : out.to(feats.scalar_type());

@@ -324,10 +324,6 @@ void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, 
   columns<c10::BFloat16, kRowGroup>(rows, terms, a_rows, K, W_terms, N, out_rows, accumulate);
 }
 
-}  // namespace torchsparse_pp
-
-namespace torchsparse_pp {
-
 TORCH_LIBRARY_IMPL(torchsparse_pp, CompositeExplicitAutograd, m) {
   m.impl("cpu_register_kernels", []() { return pair_gemm_available(); });
 }

@@ -37,7 +37,6 @@ TSPP_INLINE_IN_CLONES void gather_impl(const T* src, const int32_t* idx, int64_t
   for (int64_t i = 0; i < count; ++i) {
     const Word* __restrict__ r = s + static_cast<int64_t>(idx[i]) * n;
     Word* __restrict__ d = o + i * n;
-#pragma GCC unroll 1
     for (int64_t j = 0; j < n; ++j) d[j] = r[j];
   }
 }

@@ -10,7 +10,8 @@ step; benchmarks/malloc_cpu.py, results in benchmarks/results/malloc_cpu.json).
 On import (glibc Linux only) torchsparse_pp raises the trim threshold to 1 GiB and pins the mmap
 threshold at glibc's largest dynamic value (32 MiB; setting one fixes both). The process then
 keeps up to 1 GiB of freed heap for reuse instead of returning it; its peak memory is unchanged.
-Skipped when the user already set glibc's malloc through the environment (MALLOC_*_ variables or
+Skipped when the environment already sets these thresholds (MALLOC_TRIM_THRESHOLD_,
+MALLOC_MMAP_THRESHOLD_, MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_, or glibc.malloc tunables in
 GLIBC_TUNABLES), and switched off by TSPP_KEEP_FREED_MEMORY=0.
 """
 import ctypes

@@ -88,9 +88,9 @@ class Conv3d(nn.Module):
                 residual: Optional[SparseTensor] = None, relu: bool = False) -> SparseTensor:
         """The conv of ``input``. Blocks may pass the BatchNorm that follows it (``norm``, one of
         ours), a ``residual`` added after the norm and ``relu``: in inference (eval, no autograd,
-        eager or compiled) the norm is folded into the kernel for this call and the add and ReLU run in the
-        conv's output epilogue, as nn.fuse makes permanent; otherwise the norm runs them in its
-        own pass."""
+        eager or compiled) the norm is folded into the kernel for this call and the add and ReLU
+        run in the conv's output epilogue, as nn.fuse makes permanent; otherwise the norm runs
+        them in its own pass."""
         if norm is None:
             if residual is not None or relu:
                 raise ValueError("Conv3d takes residual / relu only with the norm that follows it (norm=...)")
