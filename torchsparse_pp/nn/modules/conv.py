@@ -1,7 +1,7 @@
 """Conv3d module."""
 import math
 import numbers
-from typing import Optional, Tuple, Union
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
@@ -9,7 +9,6 @@ from torch import nn
 from ...kmap import DOWNSAMPLE_MODES, ConvGeometry
 from ...kmap.geometry import IntOr3
 from ...tensor import SparseTensor
-from .. import functional as F
 from ..functional.config import ConfigLike, PassConfigs
 from ..functional.conv import conv3d_with_geometry
 from ..functional.epilogue import Epilogue
