@@ -1,8 +1,9 @@
 """Kept freed memory against glibc's default trimming: what torchsparse_pp's import-time malloc
 settings (torchsparse_pp/utils/malloc.py) change in a model's inference and training step.
 
-The setting is per process, so each round starts one process per setting (the default, and
-TSPP_KEEP_FREED_MEMORY=0 for glibc's own thresholds), alternating; each process warms up once and
+The setting is per process, so each round starts one process per setting (the default,
+TSPP_KEEP_FREED_MEMORY=0 for glibc's own thresholds, and the default plus MALLOC_MMAP_MAX_=0,
+which keeps buffers above 32 MiB too), alternating; each process warms up once and
 times --calls calls per mode, counting the minor page faults of each call. The report pools the
 calls of all rounds per setting: median ms, median faults per call, peak RSS, and the ratio.
 
@@ -28,7 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (add_output_arguments, load_average, machine_info, output_dir, pyplot,  # noqa: E402
                     save_figure, write_json)
 
-SETTINGS = {"kept (default)": {}, "glibc default": {"TSPP_KEEP_FREED_MEMORY": "0"}}
+SETTINGS = {"kept (default)": {}, "glibc default": {"TSPP_KEEP_FREED_MEMORY": "0"},
+            "kept + MALLOC_MMAP_MAX_=0": {"MALLOC_MMAP_MAX_": "0"}}
 MODES = ("inference", "training")
 
 
@@ -67,7 +69,7 @@ def child(model: str, calls: int, threads: int) -> dict:
 
 
 def run_child(model: str, setting: str, calls: int, threads: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TSPP_KEEP_FREED_MEMORY"}
+    env = {k: v for k, v in os.environ.items() if k != "TSPP_KEEP_FREED_MEMORY" and not k.startswith("MALLOC_")}
     env.update(SETTINGS[setting])
     cmd = [sys.executable, os.path.abspath(__file__), "--child", model, "--calls", str(calls),
            "--threads", str(threads)]
@@ -88,9 +90,10 @@ def summarize(runs) -> dict:
             row[mode] = {"median_s": statistics.median(seconds), "min_s": min(seconds), "max_s": max(seconds),
                          "median_faults": statistics.median(faults), "calls": len(seconds)}
         out[setting] = row
-    kept, default = out["kept (default)"], out["glibc default"]
-    for mode in MODES:
-        kept[mode]["speedup_over_glibc_default"] = default[mode]["median_s"] / kept[mode]["median_s"]
+    default = out["glibc default"]
+    for setting, row in out.items():
+        for mode in MODES:
+            row[mode]["speedup_over_glibc_default"] = default[mode]["median_s"] / row[mode]["median_s"]
     return out
 
 
@@ -103,8 +106,8 @@ def plot(report, path) -> None:
     for ax, mode in zip(axes, MODES):
         for i, setting in enumerate(SETTINGS):
             ms = [report[m][setting][mode]["median_s"] * 1e3 for m in models]
-            ax.bar([j + 0.4 * i for j in range(len(models))], ms, width=0.4, label=setting)
-        ax.set_xticks([j + 0.2 for j in range(len(models))], models)
+            ax.bar([j + 0.27 * i for j in range(len(models))], ms, width=0.27, label=setting)
+        ax.set_xticks([j + 0.4 for j in range(len(models))], models)
         ax.set_ylabel("ms per call (median)")
         ax.set_title(mode)
     axes[0].legend()
@@ -114,10 +117,10 @@ def plot(report, path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["minkunet0.5", "centerpoint"],
+    parser.add_argument("--models", nargs="+", default=["minkunet0.5", "minkunet1.0", "centerpoint"],
                         choices=["minkunet0.5", "minkunet1.0", "centerpoint"])
-    parser.add_argument("--rounds", type=int, default=4, help="processes per setting and model")
-    parser.add_argument("--calls", type=int, default=5, help="timed calls per mode in each process")
+    parser.add_argument("--rounds", type=int, default=3, help="processes per setting and model")
+    parser.add_argument("--calls", type=int, default=4, help="timed calls per mode in each process")
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--quick", action="store_true", help="MinkUNet 0.5x, 1 round of 2 calls")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -147,12 +150,10 @@ def main(argv=None) -> int:
           "minor page faults per call in brackets")
     for model, report in data["models"].items():
         for mode in MODES:
-            k, d = report["kept (default)"][mode], report["glibc default"][mode]
-            print(f"{model:12s} {mode:9s} kept {k['median_s'] * 1e3:7.1f} ({k['median_faults']:6.0f})  glibc default "
-                  f"{d['median_s'] * 1e3:7.1f} ({d['median_faults']:6.0f})  speed-up "
-                  f"{k['speedup_over_glibc_default']:.3f}x")
-        print(f"{model:12s} peak RSS: kept {report['kept (default)']['max_rss_mib']:.0f} MiB, glibc default "
-              f"{report['glibc default']['max_rss_mib']:.0f} MiB")
+            cells = [f"{s} {r[mode]['median_s'] * 1e3:7.1f} ({r[mode]['median_faults']:6.0f}, "
+                     f"{r[mode]['speedup_over_glibc_default']:.3f}x)" for s, r in report.items()]
+            print(f"{model:12s} {mode:9s} " + "  ".join(cells))
+        print(f"{model:12s} peak RSS MiB: " + ", ".join(f"{s} {r['max_rss_mib']:.0f}" for s, r in report.items()))
     write_json(os.path.join(out_dir, "malloc_cpu.json"), data)
     plot(data["models"], os.path.join(out_dir, "malloc_cpu.png"))
     print(f"wrote {out_dir}/malloc_cpu.json and malloc_cpu.png")

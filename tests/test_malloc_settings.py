@@ -64,6 +64,14 @@ def test_user_malloc_environment_is_left_alone(variable, value):
     assert run({variable: value})["settings"] is None
 
 
+@glibc_only
+def test_settings_apply_beside_mmap_max():
+    """MALLOC_MMAP_MAX_=0 (large buffers kept too) sets neither threshold: both still apply."""
+    kept = run({"MALLOC_MMAP_MAX_": "0"})
+    assert kept["settings"] == {"trim_threshold": 1 << 30, "mmap_threshold": 32 << 20}
+    assert kept["faults"] < (96 << 20) // 4096 // 10, kept
+
+
 @pytest.mark.parametrize("bad", [0, -1, 2 ** 31, 1.5, True, "1"])
 def test_keep_freed_memory_rejects_bad_thresholds(bad):
     with pytest.raises(ValueError, match="trim_threshold"):

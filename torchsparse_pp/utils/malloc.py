@@ -4,15 +4,18 @@ A sparse network allocates and frees the same large buffers on every call (featu
 MB per layer). glibc hands memory at the top of its heap back to the kernel once more than its
 trim threshold (64 MB at most by default) is free, which the end of every forward pass exceeds,
 so the next call takes a page fault for every 4 KiB page it touches again: about 24,000 faults
-per MinkUNet 0.5x inference, which then runs 5-6 % slower on a 2-core VM (1.5 % for a training
+per MinkUNet 0.5x inference, which then runs 5-7 % slower on a 2-core VM (0-1.5 % for a training
 step; benchmarks/malloc_cpu.py, results in benchmarks/results/malloc_cpu.json).
 
 On import (glibc Linux only) torchsparse_pp raises the trim threshold to 1 GiB and pins the mmap
 threshold at glibc's largest dynamic value (32 MiB; setting one fixes both). The process then
 keeps up to 1 GiB of freed heap for reuse instead of returning it; its peak memory is unchanged.
-Skipped when the environment already sets these thresholds (MALLOC_TRIM_THRESHOLD_,
-MALLOC_MMAP_THRESHOLD_, MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_, or glibc.malloc tunables in
-GLIBC_TUNABLES), and switched off by TSPP_KEEP_FREED_MEMORY=0.
+Skipped when the environment already sets either threshold (MALLOC_TRIM_THRESHOLD_,
+MALLOC_MMAP_THRESHOLD_, or glibc.malloc.trim_threshold / mmap_threshold in GLIBC_TUNABLES), and
+switched off by TSPP_KEEP_FREED_MEMORY=0. Buffers above 32 MiB are still mapped and unmapped by
+glibc on every call; MALLOC_MMAP_MAX_=0 in the environment keeps those too (MinkUNet 1.0x
+inference about 7 % faster, benchmarks/malloc_cpu.py), at the price that a large freed block
+stays in the process (for reuse) unless it sits at the top of the heap.
 """
 import ctypes
 import logging
@@ -28,7 +31,8 @@ _M_MMAP_THRESHOLD = -3
 
 TRIM_THRESHOLD_BYTES = 1 << 30
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's cap for the dynamic threshold on 64-bit
-_USER_VARIABLES = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+_USER_VARIABLES = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
+_USER_TUNABLES = ("glibc.malloc.trim_threshold", "glibc.malloc.mmap_threshold")
 
 _applied: Optional[Dict[str, int]] = None
 
@@ -63,7 +67,7 @@ def apply_default() -> None:
     if os.environ.get("TSPP_KEEP_FREED_MEMORY", "1") == "0":
         return
     user = [v for v in _USER_VARIABLES if v in os.environ]
-    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+    if any(t in os.environ.get("GLIBC_TUNABLES", "") for t in _USER_TUNABLES):
         user.append("GLIBC_TUNABLES")
     if user:
         _LOG.debug("malloc left as set by %s", ", ".join(user))
