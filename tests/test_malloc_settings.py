@@ -51,8 +51,9 @@ def test_freed_memory_is_reused_without_page_faults():
     trimmed = run({"TSPP_KEEP_FREED_MEMORY": "0"})
     assert trimmed["settings"] is None
     pages = (96 << 20) // 4096
-    # Kept: the second round finds its pages mapped. glibc's default: most of them fault again.
-    assert kept["faults"] < pages // 10, kept
+    # Kept: the second round finds its pages mapped (0-3,072 faults seen: a buffer or four may
+    # land past the freed ones). glibc's default: nearly all of them fault again (~24,500).
+    assert kept["faults"] < pages // 4, kept
     assert trimmed["faults"] > pages // 2, trimmed
 
 
@@ -69,7 +70,7 @@ def test_settings_apply_beside_mmap_max():
     """MALLOC_MMAP_MAX_=0 (large buffers kept too) sets neither threshold: both still apply."""
     kept = run({"MALLOC_MMAP_MAX_": "0"})
     assert kept["settings"] == {"trim_threshold": 1 << 30, "mmap_threshold": 32 << 20}
-    assert kept["faults"] < (96 << 20) // 4096 // 10, kept
+    assert kept["faults"] < (96 << 20) // 4096 // 4, kept
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2 ** 31, 1.5, True, "1"])
