@@ -77,3 +77,17 @@ def test_settings_apply_beside_mmap_max():
 def test_keep_freed_memory_rejects_bad_thresholds(bad):
     with pytest.raises(ValueError, match="trim_threshold"):
         tsp.utils.keep_freed_memory(bad)
+
+
+def test_import_survives_a_refusing_malloc(monkeypatch):
+    """A glibc that refuses the thresholds (a 32-bit one caps them lower) leaves malloc alone:
+    the import-time default never raises."""
+    from torchsparse_pp.utils import malloc
+
+    def refuse(trim_threshold=malloc.TRIM_THRESHOLD_BYTES):
+        raise OSError("glibc mallopt refused the thresholds")
+    monkeypatch.setattr(malloc, "keep_freed_memory", refuse)
+    monkeypatch.delenv("TSPP_KEEP_FREED_MEMORY", raising=False)
+    for variable in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"):
+        monkeypatch.delenv(variable, raising=False)
+    malloc.apply_default()

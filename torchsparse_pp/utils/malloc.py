@@ -72,6 +72,11 @@ def apply_default() -> None:
     if user:
         _LOG.debug("malloc left as set by %s", ", ".join(user))
         return
-    if keep_freed_memory():
+    try:
+        applied = keep_freed_memory()
+    except (OSError, AttributeError) as error:  # a glibc that refuses (32-bit caps), no mallopt symbol
+        _LOG.debug("malloc left as it is: %s", error)
+        return
+    if applied:
         _LOG.debug("glibc malloc: trim threshold %d, mmap threshold %d bytes", TRIM_THRESHOLD_BYTES,
                    MMAP_THRESHOLD_BYTES)
