@@ -51,53 +51,28 @@ def _check_kmap_backend(value):
     return value
 
 
+def _switch(name: str, default, check) -> property:
+    """A module attribute read as is and assigned through ``check(value)`` (raises on a bad value)."""
+    attr = f"_{name}"
+
+    def read(self):
+        return getattr(self, attr, default)
+
+    def assign(self, value) -> None:
+        setattr(self, attr, check(value))
+    return property(read, assign)
+
+
+def _bool_switch(name: str, default: bool) -> property:
+    return _switch(name, default, lambda value: _check_bool(name, value))
+
+
 class _Backends(types.ModuleType):
-    _deterministic = False
-    _allow_tf32 = False
-    _kmap_backend = None
-    _validate_plans = False
-    _native_batch_norm = True
-
-    @property
-    def deterministic(self) -> bool:
-        return self._deterministic
-
-    @deterministic.setter
-    def deterministic(self, value: bool) -> None:
-        self._deterministic = _check_bool("deterministic", value)
-
-    @property
-    def allow_tf32(self) -> bool:
-        return self._allow_tf32
-
-    @allow_tf32.setter
-    def allow_tf32(self, value: bool) -> None:
-        self._allow_tf32 = _check_bool("allow_tf32", value)
-
-    @property
-    def kmap_backend(self):
-        return self._kmap_backend
-
-    @kmap_backend.setter
-    def kmap_backend(self, value) -> None:
-        self._kmap_backend = _check_kmap_backend(value)
-
-    @property
-    def validate_plans(self) -> bool:
-        return self._validate_plans
-
-    @validate_plans.setter
-    def validate_plans(self, value: bool) -> None:
-        self._validate_plans = _check_bool("validate_plans", value)
-
-
-    @property
-    def native_batch_norm(self) -> bool:
-        return self._native_batch_norm
-
-    @native_batch_norm.setter
-    def native_batch_norm(self, value: bool) -> None:
-        self._native_batch_norm = _check_bool("native_batch_norm", value)
+    deterministic = _bool_switch("deterministic", False)
+    allow_tf32 = _bool_switch("allow_tf32", False)
+    kmap_backend = _switch("kmap_backend", None, _check_kmap_backend)
+    validate_plans = _bool_switch("validate_plans", False)
+    native_batch_norm = _bool_switch("native_batch_norm", True)
 
 
 sys.modules[__name__].__class__ = _Backends
