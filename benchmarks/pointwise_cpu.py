@@ -29,10 +29,11 @@ from models import WORKLOADS  # noqa: E402
 
 from torchsparse_pp import ops  # noqa: E402
 from torchsparse_pp.nn import Conv3d  # noqa: E402
+from torchsparse_pp.nn.functional.epilogue import pointwise_fused  # noqa: E402
 
 
 def record_pointwise(workload) -> list:
-    """(name, rows, c_in, c_out, bias?) of every 1x1x1 Conv3d in one eval forward."""
+    """(name, rows, c_in, c_out) of every 1x1x1 Conv3d in one eval forward."""
     model = workload.ours.eval()
     names = {m: n for n, m in model.named_modules()}
     seen = []
@@ -63,10 +64,7 @@ def layer_tasks(layer: dict, gen: torch.Generator):
         return out.add_(residual).relu_() if with_residual else out
 
     def kernel(with_residual):
-        rows = torch.arange(n, dtype=torch.int32)
-        return ops.fetch_on_demand_forward_fused(feats, weight, rows, rows, torch.tensor([0, n]),
-                                                 torch.ones(1, dtype=torch.bool), n, bias,
-                                                 residual if with_residual else None, with_residual)
+        return pointwise_fused(feats, weight, bias, residual if with_residual else None, with_residual)
     for r in (False, True):
         assert torch.allclose(addmm(r), kernel(r), rtol=1e-4, atol=1e-4), layer
     return {f"{route}|{'bias+residual+relu' if r else 'bias'}": (lambda f=fn, r=r: f(r), None)

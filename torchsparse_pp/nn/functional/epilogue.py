@@ -78,6 +78,16 @@ _REGISTER_DTYPES = ((torch.float32,) if ops.cpu_register_kernels() else ()) + (
 POINTWISE_KERNEL_MIN_MACS = 1 << 27
 
 
+def pointwise_fused(feats: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                    residual: Optional[torch.Tensor], relu: bool) -> torch.Tensor:
+    """``act(feats @ weight[0] + bias + residual)`` by the fused fetch_on_demand kernel over
+    identity pairs (output row i reads input row i); ``residual`` as the kernel reads it."""
+    n = feats.shape[0]
+    rows = torch.arange(n, dtype=torch.int32)
+    return ops.fetch_on_demand_forward_fused(feats, weight, rows, rows, torch.tensor([0, n], dtype=torch.int64),
+                                             torch.ones(1, dtype=torch.bool), n, bias, residual, relu)
+
+
 def pointwise_forward(configs: PassConfigs, feats: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                       epilogue: Optional[Epilogue]) -> torch.Tensor:
     """A 1x1x1 conv (every output reads its own row) followed by ``epilogue`` (if any)."""
@@ -86,12 +96,8 @@ def pointwise_forward(configs: PassConfigs, feats: torch.Tensor, weight: torch.T
     macs = feats.shape[0] * weight.shape[1] * weight.shape[2]
     large = torch.compiler.is_compiling() or macs >= POINTWISE_KERNEL_MIN_MACS
     if feats.dtype in _REGISTER_DTYPES and large and _in_kernel(configs.forward, feats, (feats, weight, bias, residual)):
-        n = feats.shape[0]
-        rows = torch.arange(n, dtype=torch.int32)
-        offsets = torch.tensor([0, n], dtype=torch.int64)
-        return ops.fetch_on_demand_forward_fused(feats, weight, rows, rows, offsets, torch.ones(1, dtype=torch.bool),
-                                                 n, bias, _kernel_residual(residual, n, feats.dtype),
-                                                 epilogue is not None and epilogue.relu)
+        return pointwise_fused(feats, weight, bias, _kernel_residual(residual, feats.shape[0], feats.dtype),
+                               epilogue is not None and epilogue.relu)
     out = feats @ weight[0] if bias is None else torch.addmm(bias, feats, weight[0])
     return out if epilogue is None else epilogue.apply(out, None, fresh=True)
 
