@@ -209,8 +209,23 @@ def test_fetch_on_demand_and_implicit_gemm_stable_without_flag(config, small_sca
 BF16_CASES = list(itertools.product(["subm_k3", "k2s2_spconv", "transposed_k3s2p1"], CONFIGS))
 
 
+DETERMINISTIC_BF16_CASES = list(itertools.product(["subm_k3", "transposed_k3s2p1"], GATHER_SCATTER))
+
+
 @pytest.mark.parametrize("geometry, config", BF16_CASES, ids=[f"{g}-{c}" for g, c in BF16_CASES])
 def test_bfloat16_matches_oracle(geometry, config, gen):
+    check_bfloat16_against_oracle(geometry, config, gen)
+
+
+@pytest.mark.parametrize("geometry, config", DETERMINISTIC_BF16_CASES,
+                         ids=[f"{g}-{c}" for g, c in DETERMINISTIC_BF16_CASES])
+def test_deterministic_bfloat16_matches_oracle(geometry, config, gen, restore_backends):
+    """Deterministic gather_scatter widens bfloat16 rows into float tiles as it gathers."""
+    backends.deterministic = True
+    check_bfloat16_against_oracle(geometry, config, gen)
+
+
+def check_bfloat16_against_oracle(geometry, config, gen):
     geom = GEOMETRIES[geometry]
     x = make_input(gen, geom, "lidar", 16, dtype=torch.bfloat16)
     weight = torch.randn(volume(geom["kernel_size"]), 16, 8, generator=gen).bfloat16()

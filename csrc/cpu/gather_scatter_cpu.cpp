@@ -44,10 +44,9 @@ void gather_rows_parallel(const T* src, const int32_t* idx, int64_t valid, int64
     if constexpr (std::is_same_v<T, G>) {
       gather_rows(src, idx + begin, copied, c, buf + begin * c);
     } else {
-      for (int64_t i = begin; i < begin + copied; ++i) {
-        const T* s = src + static_cast<int64_t>(idx[i]) * c;
-        for (int64_t j = 0; j < c; ++j) buf[i * c + j] = static_cast<G>(s[j]);
-      }
+      // Deterministic bfloat16 gathers into float tiles.
+      static_assert(std::is_same_v<T, c10::BFloat16> && std::is_same_v<G, float>);
+      for (int64_t i = begin; i < begin + copied; ++i) widen_row(src + static_cast<int64_t>(idx[i]) * c, c, buf + i * c);
     }
     std::fill(buf + (begin + copied) * c, buf + end * c, G(0));
   });
