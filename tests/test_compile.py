@@ -102,7 +102,8 @@ def test_compiled_inference_folds_the_norms():
     targets.clear()
     torch.compile(model.train(), fullgraph=True, backend=capture)(tsp.SparseTensor(feats, coords))
     (ops,) = targets
-    assert [t for t in ops if "relu" in t] and "torchsparse_pp.fetch_on_demand_forward_fused" not in ops, ops
+    # Training keeps each norm in its own pass (the library's BatchNorm function, ReLU inside it).
+    assert "autograd_function_apply" in ops and "torchsparse_pp.fetch_on_demand_forward_fused" not in ops, ops
 
 
 def test_minkunet_training_step_fullgraph():

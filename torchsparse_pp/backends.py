@@ -26,8 +26,8 @@ the op wrappers in torchsparse_pp.ops (the native dataflow ops, direct calls and
 validate their index arguments before every call: one synchronisation per call, for tests and
 debugging. The CPU ops check their arguments on every call either way.
 
-``native_batch_norm`` (default True): BatchNorm on CPU float32 / float64 features in eager mode
-(with the ReLU and residual add the model blocks pass it) runs the library's kernels, one sweep
+``native_batch_norm`` (default True): BatchNorm on CPU float32 / float64 features (eager or compiled,
+with the ReLU and residual add the model blocks pass it) runs the library's kernels, one sweep
 per pass (torchsparse_pp.nn.functional.norm.batch_norm_act). False runs ATen's batch_norm, the
 add and the ReLU instead: for a double backward (gradient penalties), which the kernels do not
 support (they raise), or to compare.

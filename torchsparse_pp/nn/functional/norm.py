@@ -48,11 +48,12 @@ def _running_affine(running_mean, running_var, weight, bias, eps):
 
 def _native_kernels(feats: torch.Tensor, *others: Optional[torch.Tensor]) -> bool:
     """Whether the C++ BatchNorm kernels take these tensors: contiguous CPU float32 / float64, all
-    of one dtype, in eager mode (a compiled graph keeps ATen's batch_norm, which it can trace),
+    of one dtype, eager or compiled (a compiled graph traces the same ops, so it rounds as eager
+    does: ATen's float32 backward drifts by percents on the few points of a coarse level),
     unless backends.native_batch_norm is off."""
     return (backends.native_batch_norm and feats.device.type == "cpu" and feats.dtype in (torch.float32, torch.float64)
             and feats.dim() == 2
-            and feats.is_contiguous() and not torch.compiler.is_compiling()
+            and feats.is_contiguous()
             and all(t is None or (t.dtype == feats.dtype and t.device == feats.device) for t in others))
 
 
