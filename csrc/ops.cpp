@@ -81,8 +81,11 @@ TORCH_LIBRARY(torchsparse_pp, m) {
       "Tensor grad_bias, Tensor grad_residual)");
   // Whether this CPU runs the bfloat16 dot-product tile kernels (AVX512-BF16).
   m.def("cpu_bf16_dot() -> bool");
-  // Whether this CPU runs the AVX-512 register kernels of fetch_on_demand (else float tiles).
+  // Whether this CPU runs the register kernels of fetch_on_demand / implicit GEMM (else float
+  // tiles), and their instruction set: "avx512", "avx2" or "none".
   m.def("cpu_register_kernels() -> bool");
+  m.def("cpu_register_isa() -> str");
+  m.def("cpu_set_register_isa(str isa) -> ()");
 
   // Whether this build has CUDA kernels (they register under the CUDA dispatch key).
   m.def("cuda_built() -> bool");

@@ -59,7 +59,7 @@ def test_pointwise_matches_the_oracle_on_both_routes(seed, gen, kernel_calls, dt
     x = tsp.SparseTensor(feats, coords)
     with torch.no_grad():
         in_kernel = conv3d(x, weight, 1, bias=bias, epilogue=epilogue).F
-    kernel_route = dtype in epilogue_module._REGISTER_DTYPES
+    kernel_route = tsp.backends.cpu_kernels != "none"
     assert len(kernel_calls) == int(kernel_route)
     w = weight.clone().requires_grad_(True)
     with_graph = conv3d(x, w, 1, bias=bias, epilogue=epilogue).F  # addmm: autograd needs the graph
@@ -88,6 +88,38 @@ def test_small_pointwise_convs_keep_addmm(seed, gen, kernel_calls, monkeypatch):
     monkeypatch.setattr(epilogue_module, "POINTWISE_KERNEL_MIN_MACS", len(coords) * 8 * 12)
     with torch.no_grad():
         large = conv3d(x, weight, 1).F
-    assert len(kernel_calls) == int(torch.float32 in epilogue_module._REGISTER_DTYPES)
+    assert len(kernel_calls) == int(tsp.backends.cpu_kernels != "none")
     expected = oracle(x.F, weight, None, None, False)
     assert rel(small, expected) < 1e-5 and rel(large, expected) < 1e-5
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_bf16_pointwise_avoids_emulated_aten_gemms(seed, gen, kernel_calls, monkeypatch, emulated):
+    """Where ATen's bfloat16 GEMM is its reference loop (~100x below float32), a bfloat16 1x1x1
+    conv takes the kernel at any size, and with autograd a float32 GEMM; elsewhere addmm below
+    the size threshold. Every route matches the float64 oracle."""
+    monkeypatch.setattr(epilogue_module, "bf16_gemm_emulated", lambda t: emulated and t.dtype == torch.bfloat16)
+    monkeypatch.setattr(epilogue_module, "POINTWISE_KERNEL_MIN_MACS", 1 << 40)
+    mms = []
+    real_addmm, real_mm = torch.addmm, torch.Tensor.__matmul__
+    monkeypatch.setattr(torch, "addmm", lambda *a, **k: mms.append(a[1].dtype) or real_addmm(*a, **k))
+    monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: mms.append(a.dtype) or real_mm(a, b))
+    coords = lidar_coords(seed)
+    feats = torch.randn(len(coords), 24, generator=gen).bfloat16()
+    weight = torch.randn(1, 24, 40, generator=gen).bfloat16()
+    bias = torch.randn(40, generator=gen).bfloat16()
+    expected = oracle(feats, weight, bias, None, False)
+    x = tsp.SparseTensor(feats, coords)
+    with torch.no_grad():
+        out = conv3d(x, weight, 1, bias=bias).F
+    kernel = emulated and tsp.backends.cpu_kernels != "none"
+    assert len(kernel_calls) == int(kernel)
+    w = weight.clone().requires_grad_(True)
+    with_graph = conv3d(x, w, 1, bias=bias).F
+    with_graph.float().sum().backward()
+    # ATen GEMMs in bfloat16 only where they are not emulated (the kernel and float32 GEMMs otherwise).
+    assert (torch.bfloat16 in mms) == (not emulated), mms
+    assert out.dtype == with_graph.dtype == w.grad.dtype == torch.bfloat16
+    assert rel(out, expected) < TOLERANCE[torch.bfloat16] and rel(with_graph.detach(), expected) < TOLERANCE[torch.bfloat16]
+    grad_expected = feats.double().t() @ torch.ones(len(coords), 40, dtype=torch.float64)
+    assert rel(w.grad[0], grad_expected) < TOLERANCE[torch.bfloat16]

@@ -11,5 +11,6 @@ from .operators import cat
 from . import backends, nn, utils  # noqa: E402
 
 utils.malloc.apply_default()
+backends.cpu_kernels  # noqa: B018  (reads the CPU kernels' choice once, outside any compiled graph)
 
 __all__ = ["SparseTensor", "cat", "backends", "nn", "utils", "__version__"]

@@ -31,6 +31,15 @@ with the ReLU and residual add the model blocks pass it) runs the library's kern
 per pass (torchsparse_pp.nn.functional.norm.batch_norm_act). False runs ATen's batch_norm, the
 add and the ReLU instead: for a double backward (gradient penalties), which the kernels do not
 support (they raise), or to compare.
+
+``cpu_kernels`` (default: the best this CPU has): the instruction set of the CPU register kernels
+that fetch_on_demand and implicit GEMM run (rows read straight from the source rows, sums kept in
+registers): "avx512" (AVX-512 F/BW/VL; bfloat16 on the AVX512-BF16 dot product where present),
+"avx2" (AVX2 + FMA, for CPUs without AVX-512; bfloat16 rows are widened to float) or "none"
+(float tiles through ATen's micro-kernel). Assigning an instruction set this CPU lacks raises.
+float32 results are bit-identical between "avx512" and "avx2". The environment variables
+TSPP_DISABLE_AVX512_KERNELS=1 and TSPP_DISABLE_PAIR_KERNEL=1 set the start value to "avx2" /
+"none".
 """
 import sys
 import types
@@ -67,12 +76,39 @@ def _bool_switch(name: str, default: bool) -> property:
     return _switch(name, default, lambda value: _check_bool(name, value))
 
 
+CPU_KERNELS = ("avx512", "avx2", "none")
+
+
+def _cpu_kernels() -> property:
+    """The C++ kernels' own setting (ops.cpu_register_isa / cpu_set_register_isa), checked here and
+    mirrored in Python, so that compiled graphs read a plain attribute."""
+
+    def read(self) -> str:
+        value = getattr(self, "_cpu_kernels", None)
+        if value is None:
+            from . import ops
+            value = self._cpu_kernels = ops.cpu_register_isa()
+        return value
+
+    def assign(self, value) -> None:
+        if not isinstance(value, str) or value not in CPU_KERNELS:
+            raise ValueError(f"torchsparse_pp.backends.cpu_kernels must be one of {CPU_KERNELS}, got {value!r}")
+        from . import ops
+        try:
+            ops.cpu_set_register_isa(value)
+        except RuntimeError as e:
+            raise ValueError(str(e).splitlines()[0]) from None
+        self._cpu_kernels = value
+    return property(read, assign)
+
+
 class _Backends(types.ModuleType):
     deterministic = _bool_switch("deterministic", False)
     allow_tf32 = _bool_switch("allow_tf32", False)
     kmap_backend = _switch("kmap_backend", None, _check_kmap_backend)
     validate_plans = _bool_switch("validate_plans", False)
     native_batch_norm = _bool_switch("native_batch_norm", True)
+    cpu_kernels = _cpu_kernels()
 
 
 sys.modules[__name__].__class__ = _Backends

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "cpu_features.h"
+#include "pair_gemm.h"
 #include "register_tile.h"
 
 namespace torchsparse_pp {
@@ -72,7 +73,7 @@ bool bf16_dot_available() {
   static const bool available = [] {
     return cpu_has_avx512(/*bf16=*/true) && !disabled_by_env("TSPP_DISABLE_BF16_DOT");
   }();
-  return available;
+  return available && !avx512_kernels_off();
 }
 
 void bf16_pack_pairs(int64_t K, int64_t N, const at::BFloat16* B, int64_t ldb, at::BFloat16* out) {

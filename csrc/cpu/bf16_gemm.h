@@ -15,7 +15,7 @@
 namespace torchsparse_pp {
 
 // Whether the bf16 dot-product kernels run on this CPU (and are not switched off by
-// TSPP_DISABLE_BF16_DOT=1, which tests use to compare both paths).
+// TSPP_DISABLE_BF16_DOT=1 or TSPP_DISABLE_AVX512_KERNELS=1, which tests use to compare paths).
 bool bf16_dot_available();
 
 // K rounded up to whole pairs: the length of a packed K dimension.

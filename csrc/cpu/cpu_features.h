@@ -6,9 +6,10 @@
 #include <cstring>
 
 // Target attributes of the hand-vectorised kernels (the extension itself is built for the
-// x86-64 baseline); such a kernel runs only after cpu_has_avx512 said yes.
+// x86-64 baseline); such a kernel runs only after cpu_has_avx512 / cpu_has_avx2_fma said yes.
 #define TSPP_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define TSPP_AVX512_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define TSPP_AVX2_TARGET __attribute__((target("avx2,fma")))
 
 // Memory-bound row loops: one clone per instruction set, picked at load time (GCC function
 // multi-versioning), since the baseline's 128-bit vectors leave most of an AVX-512 core idle.
@@ -31,6 +32,16 @@ inline bool cpu_has_avx512(bool bf16) {
          __builtin_cpu_supports("avx512vl") && (!bf16 || __builtin_cpu_supports("avx512bf16"));
 #else
   (void)bf16;
+  return false;
+#endif
+}
+
+// AVX2 with FMA3.
+inline bool cpu_has_avx2_fma() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
   return false;
 #endif
 }

@@ -1,5 +1,6 @@
-// The register gather-GEMM-scatter kernels of pair_gemm.h. Compiled for the baseline ISA; the
-// kernels carry their own target attributes and run only after the CPU check.
+// The AVX-512 register gather-GEMM-scatter kernels of pair_gemm.h, and the choice between them and
+// the AVX2 ones (pair_gemm_avx2.h). Compiled for the baseline ISA; the kernels carry their own
+// target attributes and run only after the CPU check.
 #include "pair_gemm.h"
 
 #include <torch/library.h>
@@ -7,9 +8,12 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
+#include <string>
 
 #include "bf16_gemm.h"
 #include "cpu_features.h"
+#include "pair_gemm_avx2.h"
 #include "register_tile.h"
 
 namespace torchsparse_pp {
@@ -297,16 +301,68 @@ void pair_gemm_impl(int64_t count, const int32_t* src, const int32_t* dst, const
 
 }  // namespace
 
-bool pair_gemm_available() {
-  static const bool available = [] {
-    return cpu_has_avx512(/*bf16=*/false) && !disabled_by_env("TSPP_DISABLE_PAIR_KERNEL");
-  }();
-  return available;
+namespace {
+
+// The chosen instruction set, and whether the AVX-512 kernels (the bf16 dot ones included) are
+// off; set from the CPU and the environment on first use, changed by set_register_isa.
+std::atomic<int> chosen_isa{-1};
+std::atomic<bool> avx512_off{false};
+
+RegisterIsa initial_isa() {
+  avx512_off = disabled_by_env("TSPP_DISABLE_AVX512_KERNELS");
+  if (disabled_by_env("TSPP_DISABLE_PAIR_KERNEL")) return RegisterIsa::kNone;
+  if (cpu_has_avx512(/*bf16=*/false) && !avx512_off) return RegisterIsa::kAvx512;
+  return cpu_has_avx2_fma() ? RegisterIsa::kAvx2 : RegisterIsa::kNone;
 }
+
+}  // namespace
+
+RegisterIsa register_isa() {
+  int isa = chosen_isa.load(std::memory_order_relaxed);
+  if (isa < 0) {
+    static const int initial = static_cast<int>(initial_isa());
+    int unset = -1;
+    chosen_isa.compare_exchange_strong(unset, initial);
+    isa = chosen_isa.load();
+  }
+  return static_cast<RegisterIsa>(isa);
+}
+
+bool avx512_kernels_off() {
+  register_isa();  // reads the environment once
+  return avx512_off.load(std::memory_order_relaxed);
+}
+
+const char* register_isa_name() {
+  switch (register_isa()) {
+    case RegisterIsa::kAvx512: return "avx512";
+    case RegisterIsa::kAvx2: return "avx2";
+    default: return "none";
+  }
+}
+
+void set_register_isa(const std::string& name) {
+  register_isa();
+  if (name == "avx512") {
+    TORCH_CHECK(cpu_has_avx512(/*bf16=*/false), "cpu kernels 'avx512': this CPU lacks AVX-512 F/BW/VL");
+    avx512_off = false;
+    chosen_isa = static_cast<int>(RegisterIsa::kAvx512);
+  } else if (name == "avx2") {
+    TORCH_CHECK(cpu_has_avx2_fma(), "cpu kernels 'avx2': this CPU lacks AVX2 + FMA");
+    avx512_off = true;
+    chosen_isa = static_cast<int>(RegisterIsa::kAvx2);
+  } else {
+    TORCH_CHECK(name == "none", "cpu kernels must be 'avx512', 'avx2' or 'none', got '", name, "'");
+    chosen_isa = static_cast<int>(RegisterIsa::kNone);
+  }
+}
+
+bool pair_gemm_available() { return register_isa() != RegisterIsa::kNone; }
 
 void pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t ldf, int64_t K,
                const float* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
-  pair_gemm_impl(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate);
+  if (register_isa() == RegisterIsa::kAvx512) return pair_gemm_impl(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate);
+  avx2::pair_gemm(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate);
 }
 
 void pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const c10::BFloat16* feats, int64_t ldf,
@@ -314,9 +370,22 @@ void pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const c10:
   pair_gemm_impl(count, src, dst, feats, ldf, K, W_packed, N, out, ldo, accumulate);
 }
 
+// bfloat16 with float W: the AVX2 widening kernels on either instruction set.
+void pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const c10::BFloat16* feats, int64_t ldf,
+               int64_t K, const float* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
+  avx2::pair_gemm(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate);
+}
+
 void rows_gemm(int64_t rows, int64_t terms, const float* const* a_rows, int64_t K, const float* const* W_terms,
                int64_t N, float* const* out_rows, bool accumulate) {
-  columns<float, kRowGroup>(rows, terms, a_rows, K, W_terms, N, out_rows, accumulate);
+  if (register_isa() == RegisterIsa::kAvx512)
+    return columns<float, kRowGroup>(rows, terms, a_rows, K, W_terms, N, out_rows, accumulate);
+  avx2::rows_gemm(rows, terms, a_rows, K, W_terms, N, out_rows, accumulate);
+}
+
+void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
+               const float* const* W_terms, int64_t N, float* const* out_rows, bool accumulate) {
+  avx2::rows_gemm(rows, terms, a_rows, K, W_terms, N, out_rows, accumulate);
 }
 
 void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
@@ -326,6 +395,8 @@ void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, 
 
 TORCH_LIBRARY_IMPL(torchsparse_pp, CompositeExplicitAutograd, m) {
   m.impl("cpu_register_kernels", []() { return pair_gemm_available(); });
+  m.impl("cpu_register_isa", []() { return std::string(register_isa_name()); });
+  m.impl("cpu_set_register_isa", [](c10::string_view isa) { set_register_isa(std::string(isa)); });
 }
 
 }  // namespace torchsparse_pp

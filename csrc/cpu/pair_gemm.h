@@ -2,7 +2,7 @@
 //
 //   out[dst[i], :N] (+)= feats[src[i], :K] @ W[K, N]     for i < count
 //
-// A register-blocked AVX-512 micro-kernel reads its rows of A straight from the source rows
+// A register-blocked micro-kernel (AVX-512, or AVX2 on CPUs without it) reads its rows of A straight from the source rows
 // (broadcasts through row pointers) and adds its accumulators straight into the destination rows:
 // no gathered tile and no product tile go through memory. The pairs of one call must name each
 // destination at most once (true within one offset). Float32 with FMA, bfloat16 with the
@@ -12,14 +12,30 @@
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
+#include <string>
 
 namespace torchsparse_pp {
 
 // Rows per register group (6 rows x 4 vectors of 16 columns of accumulators).
 constexpr int64_t kRowGroup = 6;
 
-// Whether the register kernels run on this CPU (AVX-512 F/BW/VL; bf16 also needs AVX512-BF16)
-// and are not switched off by TSPP_DISABLE_PAIR_KERNEL=1 (tests compare both paths).
+// The instruction set of the register kernels on this CPU: AVX-512 (F/BW/VL), else AVX2 + FMA
+// (pair_gemm_avx2.h), else none (float tiles). TSPP_DISABLE_AVX512_KERNELS=1 takes AVX2 on an
+// AVX-512 CPU (the bf16 dot kernels are then off too) and TSPP_DISABLE_PAIR_KERNEL=1 takes
+// none: tests compare the paths.
+enum class RegisterIsa { kNone, kAvx2, kAvx512 };
+RegisterIsa register_isa();
+const char* register_isa_name();
+
+// Chooses "avx512", "avx2" or "none" from now on (torchsparse_pp.backends.cpu_kernels); an
+// instruction set the CPU lacks is an error. "avx2" also turns the bf16 dot kernels off.
+void set_register_isa(const std::string& name);
+
+// Whether the AVX-512 kernels are off (TSPP_DISABLE_AVX512_KERNELS=1, or "avx2" chosen).
+bool avx512_kernels_off();
+
+// Whether the register kernels run on this CPU: float32 on either instruction set; bfloat16
+// with the dot product (AVX512-BF16, W in packed pairs) or widened to float (W in float).
 bool pair_gemm_available();
 
 // out rows are float [*, ldo]; with `accumulate` false the rows are overwritten.
@@ -29,6 +45,9 @@ void pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const floa
 // bfloat16 features and W packed in pairs of K rows (K padded to even); float out rows.
 void pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const c10::BFloat16* feats, int64_t ldf,
                int64_t K, const c10::BFloat16* W_packed, int64_t N, float* out, int64_t ldo, bool accumulate);
+// bfloat16 features and float W (CPUs without the bf16 dot product): each row widened to float.
+void pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const c10::BFloat16* feats, int64_t ldf,
+               int64_t K, const float* W, int64_t N, float* out, int64_t ldo, bool accumulate);
 
 // Output-stationary form (implicit GEMM): out_rows[m] (+)= sum_j a_rows[j * kRowGroup + m] @ W_j
 // for m < rows <= kRowGroup, the sum kept in registers across the terms j. A row pointer may point
@@ -37,5 +56,7 @@ void rows_gemm(int64_t rows, int64_t terms, const float* const* a_rows, int64_t 
                int64_t N, float* const* out_rows, bool accumulate);
 void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
                const c10::BFloat16* const* W_terms, int64_t N, float* const* out_rows, bool accumulate);
+void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
+               const float* const* W_terms, int64_t N, float* const* out_rows, bool accumulate);
 
 }  // namespace torchsparse_pp

@@ -185,7 +185,7 @@ at::Tensor pairs_wgrad_with(Tiles, const at::Tensor& feats, const at::Tensor& gr
   // Float32 with the register kernel: no transposed tile is gathered (pair_wgrad.h).
   constexpr bool kRegisterWgrad = std::is_same_v<T, float> && std::is_same_v<Tiles, FloatTiles<float>>;
   bool registers = false;
-  if constexpr (kRegisterWgrad) registers = pair_gemm_available();
+  if constexpr (kRegisterWgrad) registers = pair_gemm_available() && pair_wgrad_pays(c_src, c_dst);
   parallel_items(static_cast<int64_t>(items.size()), [&](int64_t it) {
     const Item item = items[it];
     const int32_t* src = src_idx.data_ptr<int32_t>() + off[item.k];

@@ -1,5 +1,6 @@
-// The register weight-gradient kernel of pair_wgrad.h. Compiled for the baseline ISA; the kernel
-// carries its own target attribute and runs only after the CPU check.
+// The AVX-512 register weight-gradient kernel of pair_wgrad.h (the AVX2 one is in
+// pair_gemm_avx2.cpp). Compiled for the baseline ISA; the kernel carries its own target
+// attribute and runs only after the CPU check.
 #include "pair_wgrad.h"
 
 #include <immintrin.h>
@@ -7,6 +8,8 @@
 #include <algorithm>
 
 #include "cpu_features.h"
+#include "pair_gemm.h"
+#include "pair_gemm_avx2.h"
 #include "register_tile.h"
 
 namespace torchsparse_pp {
@@ -73,8 +76,14 @@ void column_block(int64_t count, const int32_t* src, const int32_t* dst, const f
 
 }  // namespace
 
+bool pair_wgrad_pays(int64_t c_src, int64_t c_dst) {
+  return register_isa() == RegisterIsa::kAvx512 || c_src * c_dst <= 32 * 32;
+}
+
 void pair_wgrad(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t c_src,
                 const float* grad, int64_t c_dst, float* dw, bool accumulate) {
+  if (register_isa() != RegisterIsa::kAvx512)
+    return avx2::pair_wgrad(count, src, dst, feats, c_src, grad, c_dst, dw, accumulate);
   for (int64_t n0 = 0; n0 < c_dst; n0 += 64) {
     const int64_t w = std::min<int64_t>(64, c_dst - n0);
     const int nv = static_cast<int>((w + 15) / 16);

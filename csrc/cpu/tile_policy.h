@@ -116,11 +116,13 @@ struct Bf16DotTiles {
 };
 
 // Whether the register kernels (pair_gemm.h: rows of A read straight from the source rows, sums
-// written straight to the output rows) serve inputs T with tiles Tiles: float32 and, with the bf16
-// dot product, bfloat16 (its weights are the policy's packed pairs).
+// written straight to the output rows) serve inputs T with tiles Tiles: float32, and bfloat16
+// with the bf16 dot product (weights in the policy's packed pairs) or without it (float weights,
+// rows widened); they run where pair_gemm_available().
 template <typename T, typename Tiles>
 constexpr bool kPairKernel = (std::is_same_v<T, float> && std::is_same_v<Tiles, FloatTiles<float>>) ||
-                             (std::is_same_v<T, at::BFloat16> && std::is_same_v<Tiles, Bf16DotTiles>);
+                             (std::is_same_v<T, at::BFloat16> && std::is_same_v<Tiles, Bf16DotTiles>) ||
+                             (std::is_same_v<T, at::BFloat16> && std::is_same_v<Tiles, FloatTiles<at::BFloat16>>);
 
 // Calls fn(policy) with the tiles that serve inputs of type T on this CPU.
 template <typename T, typename Fn>

@@ -6,6 +6,7 @@ from torch import nn
 
 from ..operators import cat
 from ..tensor import SparseTensor
+from ..utils.cpu_bf16 import dense_autocast
 from .blocks import ResidualBlock, conv_bn_relu
 
 BASE_CHANNELS = (32, 32, 64, 128, 256, 256, 128, 96, 96)
@@ -63,4 +64,4 @@ class MinkUNet(nn.Module):
         for up, decoder in zip(self.up, self.decoder):
             # The transposed conv lands on the coordinates its strided conv came from: the skip's.
             y = decoder(cat([up(y), skips.pop()]))
-        return self.classifier(y.F)
+        return dense_autocast(self.classifier, y.F)

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..operators import cat
 from ..point import PointTensor, initial_voxelize, point_to_voxel, voxel_to_point
+from ..utils.cpu_bf16 import dense_autocast
 from .minkunet import MinkUNet
 
 
@@ -37,7 +38,7 @@ class SPVCNN(MinkUNet):
         for stage in (first, first + 1):
             y = self.decoder[stage](cat([self.up[stage](y), skips[3 - stage]]))
         z_next = voxel_to_point(y, z)
-        return y, z_next.replace_feats(z_next.F + self.point_transforms[transform](z.F))
+        return y, z_next.replace_feats(z_next.F + dense_autocast(self.point_transforms[transform], z.F))
 
     def forward(self, z: PointTensor) -> torch.Tensor:
         if not isinstance(z, PointTensor):
@@ -52,7 +53,7 @@ class SPVCNN(MinkUNet):
             x = stage(x)
             skips.append(x)
         z1 = voxel_to_point(x, z0)
-        z1 = z1.replace_feats(z1.F + self.point_transforms[0](z0.F))
+        z1 = z1.replace_feats(z1.F + dense_autocast(self.point_transforms[0], z0.F))
         y, z2 = self._decode_half(x, z1, 0, skips, 1)
         _, z3 = self._decode_half(y, z2, 2, skips, 2)
-        return self.classifier(z3.F)
+        return dense_autocast(self.classifier, z3.F)

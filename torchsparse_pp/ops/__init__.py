@@ -9,7 +9,8 @@ load_library()
 
 from .batch_norm import batch_norm_apply, batch_norm_backward, batch_norm_stats  # noqa: E402
 from .fetch_on_demand import fetch_on_demand_forward, fetch_on_demand_wgrad  # noqa: E402
-from .fused import cpu_bf16_dot, cpu_register_kernels, fetch_on_demand_forward_fused  # noqa: E402
+from .fused import (cpu_bf16_dot, cpu_register_isa, cpu_register_kernels, cpu_set_register_isa,  # noqa: E402
+                    fetch_on_demand_forward_fused)  # noqa: E402
 from .gather_scatter import gather_scatter_forward, gather_scatter_wgrad  # noqa: E402
 from .hash import hash_build, hash_query  # noqa: E402
 from .implicit_gemm import implicit_gemm_forward, implicit_gemm_wgrad  # noqa: E402
@@ -22,6 +23,7 @@ __all__ = [
     "hash_build", "hash_query", "kmap_out_in", "kmap_submanifold", "kmap_downsample", "kmap_generative", "kmap_pairs",
     "kmap_transpose", "kmap_plan", "gather_scatter_forward", "gather_scatter_wgrad",
     "fetch_on_demand_forward", "fetch_on_demand_wgrad", "implicit_gemm_forward", "implicit_gemm_wgrad",
-    "fetch_on_demand_forward_fused", "cpu_bf16_dot", "cpu_register_kernels", "pool_pairs_max", "pool_pairs_mean",
+    "fetch_on_demand_forward_fused", "cpu_bf16_dot", "cpu_register_kernels", "cpu_register_isa",
+    "cpu_set_register_isa", "pool_pairs_max", "pool_pairs_mean",
     "segment_max", "segment_mean", "sample_group_norm", "batch_norm_stats", "batch_norm_apply", "batch_norm_backward",
 ]

@@ -25,9 +25,20 @@ def cpu_bf16_dot() -> bool:
 
 
 def cpu_register_kernels() -> bool:
-    """Whether fetch_on_demand runs its AVX-512 register kernels on this CPU (float32, and
-    bfloat16 with AVX512-BF16); otherwise it multiplies float tiles."""
+    """Whether fetch_on_demand and implicit GEMM run their register kernels on this CPU
+    (AVX-512 or AVX2 + FMA; torchsparse_pp.backends.cpu_kernels); otherwise they multiply
+    float tiles."""
     return _ops.cpu_register_kernels()
+
+
+def cpu_register_isa() -> str:
+    """The instruction set of the CPU register kernels: "avx512", "avx2" or "none"."""
+    return _ops.cpu_register_isa()
+
+
+def cpu_set_register_isa(isa: str) -> None:
+    """Chooses the CPU register kernels' instruction set (see torchsparse_pp.backends.cpu_kernels)."""
+    _ops.cpu_set_register_isa(isa)
 
 
 @torch.library.register_fake("torchsparse_pp::fetch_on_demand_forward_fused")

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from ...tensor import SparseTensor
+from ...utils.cpu_bf16 import dense_autocast
 from .backbone import VoxelResBackBone8x
 from .bev import BEVBackbone, height_compression
 from .config import CenterPointConfig
@@ -42,7 +43,8 @@ class CenterPoint(nn.Module):
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         features = self.backbone(voxels)
         bev = height_compression(features, batch_size)
-        return self.head(self.bev_backbone(bev))
+        # The BEV backbone and head are dense torch layers (see utils.cpu_bf16.dense_autocast).
+        return dense_autocast(lambda b: self.head(self.bev_backbone(b)), bev)
 
     def loss(self, outputs: Dict[str, torch.Tensor], boxes_list: Sequence[torch.Tensor],
              labels_list: Sequence[torch.Tensor]) -> Dict[str, torch.Tensor]:

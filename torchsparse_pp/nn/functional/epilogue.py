@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from ... import backends, ops
+from ...utils.cpu_bf16 import bf16_gemm_emulated, linear_float32
 from .config import PassConfigs
 from .dataflows import sparse_conv
 
@@ -69,13 +70,14 @@ def _kernel_residual(residual: Optional[torch.Tensor], rows: int, dtype: torch.d
     return residual.to(dtype).contiguous()
 
 
-# Where the register kernels run (AVX-512; bfloat16 also needs AVX512-BF16), a 1x1x1 conv of
-# 2^27 multiply-adds or more runs faster as fetch_on_demand over identity pairs than as
-# torch.addmm (the bias, residual and ReLU go in its epilogue, the output is written once);
-# below that addmm is as fast or faster (benchmarks/pointwise_cpu.py: MinkUNet's shortcuts).
-_REGISTER_DTYPES = ((torch.float32,) if ops.cpu_register_kernels() else ()) + (
-    (torch.bfloat16,) if ops.cpu_register_kernels() and ops.cpu_bf16_dot() else ())
+# Where the register kernels run (AVX-512 or AVX2; bfloat16 on the bf16 dot product or widened to
+# float), a 1x1x1 conv of 2^27 multiply-adds or more runs faster as fetch_on_demand over identity
+# pairs than as torch.addmm (the bias, residual and ReLU go in its epilogue, the output is written
+# once); below that addmm is as fast or faster (benchmarks/pointwise_cpu.py: MinkUNet's
+# shortcuts). Where ATen's bfloat16 GEMM is its reference loop (utils/cpu_bf16.py), bfloat16
+# takes the kernel at any size, or else a float32 GEMM.
 POINTWISE_KERNEL_MIN_MACS = 1 << 27
+_REGISTER_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def pointwise_fused(feats: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -94,11 +96,16 @@ def pointwise_forward(configs: PassConfigs, feats: torch.Tensor, weight: torch.T
     residual = None if epilogue is None else epilogue.residual
     # A compiled graph always takes the kernel: a size test would specialise it on the rows.
     macs = feats.shape[0] * weight.shape[1] * weight.shape[2]
-    large = torch.compiler.is_compiling() or macs >= POINTWISE_KERNEL_MIN_MACS
-    if feats.dtype in _REGISTER_DTYPES and large and _in_kernel(configs.forward, feats, (feats, weight, bias, residual)):
+    emulated = bf16_gemm_emulated(feats)
+    large = torch.compiler.is_compiling() or macs >= POINTWISE_KERNEL_MIN_MACS or emulated
+    if (feats.dtype in _REGISTER_DTYPES and large and backends.cpu_kernels != "none"
+            and _in_kernel(configs.forward, feats, (feats, weight, bias, residual))):
         return pointwise_fused(feats, weight, bias, _kernel_residual(residual, feats.shape[0], feats.dtype),
                                epilogue is not None and epilogue.relu)
-    out = feats @ weight[0] if bias is None else torch.addmm(bias, feats, weight[0])
+    if emulated:
+        out = linear_float32(feats, weight[0], bias)
+    else:
+        out = feats @ weight[0] if bias is None else torch.addmm(bias, feats, weight[0])
     return out if epilogue is None else epilogue.apply(out, None, fresh=True)
 
 

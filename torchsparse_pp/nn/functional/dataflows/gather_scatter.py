@@ -8,6 +8,7 @@ source and destination swapped).
 """
 from .... import ops
 from ....ops.triton import library as triton_ops
+from ....utils.cpu_bf16 import bf16_gemm_emulated
 from .passes import view_passes
 
 
@@ -21,6 +22,9 @@ def operands(view, pass_name, config, deterministic):
 
 def run(pass_name, a, b, tensors, num_src, num_dst, config, deterministic, allow_tf32):
     src, dst, offsets, identity = tensors
+    # Where ATen's bfloat16 GEMM is its slow reference loop, the CPU op's deterministic path
+    # multiplies float tiles instead (the same bfloat16 operands, float sums).
+    deterministic = deterministic or bf16_gemm_emulated(a)
     if pass_name == "wgrad":
         if config.backend == "triton":
             return triton_ops.gather_scatter_wgrad(a, b, src, dst, offsets, identity)

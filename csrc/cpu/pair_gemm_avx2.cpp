@@ -1,0 +1,294 @@
+// The AVX2 + FMA register kernels of pair_gemm_avx2.h. Compiled for the baseline ISA; the kernels
+// carry their own target attribute and run only after the CPU check. A vector holds 8 floats and
+// there are 16 vector registers, so a pass keeps 6 rows x 2 vectors of sums (16 output columns);
+// wider outputs take one pass per 16 columns, re-reading the rows from L1.
+#include "pair_gemm_avx2.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "cpu_features.h"
+#include "pair_gemm.h"
+#include "register_tile.h"
+#include "tile_gemm.h"
+
+namespace torchsparse_pp {
+namespace avx2 {
+
+namespace {
+
+constexpr int kLanes = 8;
+constexpr int64_t kRows = kRowGroup;       // rows per group; a_rows hold kRows pointers per term
+constexpr int64_t kColumns = 2 * kLanes;   // output columns per pass
+constexpr int64_t kTermChunk = 64;         // terms summed per pass, as the AVX-512 kernels chunk them
+constexpr int64_t kPrefetchPairs = 8;      // pairs ahead whose source row the narrow kernel fetches
+
+template <int V>
+using Int = std::integral_constant<int, V>;
+template <bool B>
+using Bool = std::integral_constant<bool, B>;
+
+// The lanes [0, last) of a vector (last in 1..8), as a maskload / maskstore mask.
+TSPP_AVX2_TARGET inline __m256i lanes_below(int last) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(last), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// Vector v of a row of NV vectors; with Masked the last one reads only the lanes of `tail`.
+template <int NV, bool Masked>
+TSPP_AVX2_TARGET inline __m256 load_vector(const float* row, int v, __m256i tail) {
+  if (Masked && v == NV - 1) return _mm256_maskload_ps(row + kLanes * v, tail);
+  return _mm256_loadu_ps(row + kLanes * v);
+}
+
+// row = acc, or row + acc with `accumulate`.
+template <int NV, bool Masked>
+TSPP_AVX2_TARGET inline void store_row(const __m256 (&acc)[NV], float* row, __m256i tail, bool accumulate) {
+#pragma GCC unroll 2
+  for (int v = 0; v < NV; ++v) {
+    const __m256 sum = accumulate ? _mm256_add_ps(acc[v], load_vector<NV, Masked>(row, v, tail)) : acc[v];
+    if (Masked && v == NV - 1) _mm256_maskstore_ps(row + kLanes * v, tail, sum);
+    else _mm256_storeu_ps(row + kLanes * v, sum);
+  }
+}
+
+// out_rows[m] (+)= sum_j a_rows[j * kRows + m][:K] @ W_terms[j] (rows of ldw floats) for MR rows
+// and NV vectors of columns, the sums in registers across all terms.
+template <int MR, int NV, bool Masked>
+TSPP_AVX2_TARGET void rows_kernel(int64_t terms, const float* const* a_rows, int64_t K, const float* const* W_terms,
+                                  int64_t ldw, float* const* out_rows, int last, bool accumulate) {
+  const __m256i tail = lanes_below(last);
+  __m256 acc[MR][NV];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < terms; ++j) {
+    const float* const* a = a_rows + j * kRows;
+    const float* w = W_terms[j];
+    for (int64_t k = 0; k < K; ++k, w += ldw) {
+      __m256 b[NV];
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) b[v] = load_vector<NV, Masked>(w, v, tail);
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        const __m256 x = _mm256_broadcast_ss(a[m] + k);
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_fmadd_ps(x, b[v], acc[m][v]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) store_row<NV, Masked>(acc[m], out_rows[m], tail, accumulate);
+}
+
+// Calls fn(Int<NV>, Bool<Masked>) for a block of `width` (1..16) columns.
+template <typename Fn>
+void with_block(int64_t width, Fn&& fn) {
+  const bool masked = width % kLanes != 0;
+  if (width > kLanes) masked ? fn(Int<2>{}, Bool<true>{}) : fn(Int<2>{}, Bool<false>{});
+  else masked ? fn(Int<1>{}, Bool<true>{}) : fn(Int<1>{}, Bool<false>{});
+}
+
+// The lanes of the last vector of a block of `width` columns.
+inline int last_lanes(int64_t width) { return static_cast<int>(width - kLanes * ((width - 1) / kLanes)); }
+
+// out rows[m] (+)= sum_j rows_j[m] @ W_j, 16 columns per pass, terms in chunks of kTermChunk.
+void columns(int64_t rows, int64_t terms, const float* const* a, int64_t K, const float* const* W, int64_t N,
+             float* const* out_rows, bool accumulate) {
+  const float* wn[kTermChunk];
+  float* on[kRows];
+  for (int64_t n0 = 0; n0 < N; n0 += kColumns) {
+    const int64_t width = std::min(kColumns, N - n0);
+    for (int64_t m = 0; m < rows; ++m) on[m] = out_rows[m] + n0;
+    for (int64_t j0 = 0; j0 < terms; j0 += kTermChunk) {
+      const int64_t nj = std::min(kTermChunk, terms - j0);
+      for (int64_t j = 0; j < nj; ++j) wn[j] = W[j0 + j] + n0;
+      const bool add = accumulate || j0 > 0;
+      with_block(width, [&](auto nv, auto masked) {
+        with_constant<kRows>(rows, [&](auto mr) {
+          rows_kernel<decltype(mr)::value, decltype(nv)::value, decltype(masked)::value>(
+              nj, a + j0 * kRows, K, wn, N, on, last_lanes(width), add);
+        });
+      });
+    }
+  }
+}
+
+// Narrow operands (the stem's 4 -> 16, or K <= 12 for at most 8 columns): W stays in 12
+// registers for the whole call, one row in and one row out per pair, summed as rows_kernel sums.
+template <int K, int NV, bool Masked>
+TSPP_AVX2_TARGET void narrow_kernel(int64_t count, const int32_t* src, const int32_t* dst, const float* feats,
+                                    int64_t ldf, const float* W, int64_t N, float* out, int64_t ldo, int last,
+                                    bool accumulate) {
+  const __m256i tail = lanes_below(last);
+  __m256 w[K][NV];
+#pragma GCC unroll 12
+  for (int k = 0; k < K; ++k)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) w[k][v] = load_vector<NV, Masked>(W + k * N, v, tail);
+  for (int64_t i = 0; i < count; ++i) {
+    if (i + kPrefetchPairs < count) __builtin_prefetch(feats + static_cast<int64_t>(src[i + kPrefetchPairs]) * ldf);
+    const float* x = feats + static_cast<int64_t>(src[i]) * ldf;
+    __m256 acc[NV];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) acc[v] = _mm256_setzero_ps();
+#pragma GCC unroll 12
+    for (int k = 0; k < K; ++k) {
+      const __m256 xk = _mm256_broadcast_ss(x + k);
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(xk, w[k][v], acc[v]);
+    }
+    store_row<NV, Masked>(acc, out + static_cast<int64_t>(dst[i]) * ldo, tail, accumulate);
+  }
+}
+
+// Largest K the narrow kernel takes for NV vectors of columns (W in 12 registers).
+constexpr int64_t kNarrowK[3] = {0, 12, 6};
+
+bool narrow_pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t ldf,
+                      int64_t K, const float* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
+  if (K < 1 || N < 1 || N > kColumns || K > kNarrowK[(N + kLanes - 1) / kLanes]) return false;
+  with_block(N, [&](auto nv, auto masked) {
+    with_constant<kNarrowK[decltype(nv)::value]>(K, [&](auto k) {
+      narrow_kernel<decltype(k)::value, decltype(nv)::value, decltype(masked)::value>(
+          count, src, dst, feats, ldf, W, N, out, ldo, last_lanes(N), accumulate);
+    });
+  });
+  return true;
+}
+
+// d[:n] = float(s[:n]): a bfloat16 is the upper half of a float.
+TSPP_AVX2_TARGET void widen(const c10::BFloat16* s, int64_t n, float* d) {
+  const auto* bits = reinterpret_cast<const uint16_t*>(s);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bits + j));
+    _mm256_storeu_ps(d + j, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+  for (; j < n; ++j) d[j] = __builtin_bit_cast(float, static_cast<uint32_t>(bits[j]) << 16);
+}
+
+// Source rows of the next group are fetched while this group computes.
+template <typename T>
+void prefetch_group(const T* feats, int64_t ldf, const int32_t* src, int64_t count, int64_t K) {
+  for (int64_t m = 0; m < count; ++m) {
+    const char* row = reinterpret_cast<const char*>(feats + static_cast<int64_t>(src[m]) * ldf);
+    for (int64_t b = 0; b < K * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(row + b);
+  }
+}
+
+// Groups of kRows pairs; `row` gives the float row the kernel reads for pair i and slot m of
+// its group (the source row itself, or its widened copy).
+template <typename T, typename RowFn>
+void pair_groups(int64_t count, const int32_t* src, const int32_t* dst, const T* feats, int64_t ldf, int64_t K,
+                 const float* W, int64_t N, float* out, int64_t ldo, bool accumulate, RowFn&& row) {
+  const float* a[kRows];
+  float* o[kRows];
+  const float* w[1] = {W};
+  for (int64_t i0 = 0; i0 < count; i0 += kRows) {
+    const int64_t rows = std::min(kRows, count - i0);
+    if (i0 + kRows < count) prefetch_group(feats, ldf, src + i0 + kRows, std::min(kRows, count - i0 - kRows), K);
+    for (int64_t m = 0; m < rows; ++m) {
+      a[m] = row(i0 + m, m);
+      o[m] = out + static_cast<int64_t>(dst[i0 + m]) * ldo;
+    }
+    columns(rows, 1, a, K, w, N, o, accumulate);
+  }
+}
+
+// dw[m, :] (+)= sum_i x_i[m] g_i[:] for MR rows and NV vectors of columns; feats, grad and dw
+// already point at the block's first row / column.
+template <int MR, int NV, bool Masked>
+TSPP_AVX2_TARGET void outer_kernel(int64_t count, const int32_t* src, const int32_t* dst, const float* feats,
+                                   int64_t ldf, const float* grad, int64_t ldg, float* dw, int64_t ldw, int last,
+                                   bool accumulate) {
+  const __m256i tail = lanes_below(last);
+  __m256 acc[MR][NV];
+#pragma GCC unroll 12
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < count; ++i) {
+    const float* x = feats + static_cast<int64_t>(src[i]) * ldf;
+    const float* g = grad + static_cast<int64_t>(dst[i]) * ldg;
+    __m256 b[NV];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) b[v] = load_vector<NV, Masked>(g, v, tail);
+#pragma GCC unroll 12
+    for (int m = 0; m < MR; ++m) {
+      const __m256 xm = _mm256_broadcast_ss(x + m);
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_fmadd_ps(xm, b[v], acc[m][v]);
+    }
+  }
+#pragma GCC unroll 12
+  for (int m = 0; m < MR; ++m) store_row<NV, Masked>(acc[m], dw + m * ldw, tail, accumulate);
+}
+
+// Rows of dw per register block: 12 accumulators (with one vector of columns, 12 rows).
+template <int NV>
+constexpr int kBlockRows = NV == 1 ? 12 : 6;
+
+}  // namespace
+
+void pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t ldf, int64_t K,
+               const float* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
+  if (narrow_pair_gemm(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate)) return;
+  pair_groups(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate,
+              [&](int64_t i, int64_t) { return feats + static_cast<int64_t>(src[i]) * ldf; });
+}
+
+void pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const c10::BFloat16* feats, int64_t ldf,
+               int64_t K, const float* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
+  float* widened = scratch<float, 6>(kRows * K);
+  pair_groups(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate, [&](int64_t i, int64_t m) {
+    widen(feats + static_cast<int64_t>(src[i]) * ldf, K, widened + m * K);
+    return static_cast<const float*>(widened + m * K);
+  });
+}
+
+void rows_gemm(int64_t rows, int64_t terms, const float* const* a_rows, int64_t K, const float* const* W_terms,
+               int64_t N, float* const* out_rows, bool accumulate) {
+  columns(rows, terms, a_rows, K, W_terms, N, out_rows, accumulate);
+}
+
+void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
+               const float* const* W_terms, int64_t N, float* const* out_rows, bool accumulate) {
+  float* widened = scratch<float, 6>(kTermChunk * kRows * K);
+  const float** a = scratch<const float*, 7>(kTermChunk * kRows);
+  for (int64_t j0 = 0; j0 < terms; j0 += kTermChunk) {
+    const int64_t nj = std::min(kTermChunk, terms - j0);
+    for (int64_t j = 0; j < nj; ++j)
+      for (int64_t m = 0; m < rows; ++m) {
+        float* d = widened + (j * kRows + m) * K;
+        widen(a_rows[(j0 + j) * kRows + m], K, d);
+        a[j * kRows + m] = d;
+      }
+    columns(rows, nj, a, K, W_terms + j0, N, out_rows, accumulate || j0 > 0);
+  }
+}
+
+void pair_wgrad(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t c_src,
+                const float* grad, int64_t c_dst, float* dw, bool accumulate) {
+  // The chunk's rows are fetched once up front; every register block then re-reads them from cache.
+  prefetch_group(feats, c_src, src, count, c_src);
+  prefetch_group(grad, c_dst, dst, count, c_dst);
+  for (int64_t n0 = 0; n0 < c_dst; n0 += kColumns) {
+    const int64_t width = std::min(kColumns, c_dst - n0);
+    with_block(width, [&](auto nv, auto masked) {
+      constexpr int MR = kBlockRows<decltype(nv)::value>;
+      for (int64_t i0 = 0; i0 < c_src; i0 += MR) {
+        with_constant<MR>(std::min<int64_t>(MR, c_src - i0), [&](auto rows) {
+          outer_kernel<decltype(rows)::value, decltype(nv)::value, decltype(masked)::value>(
+              count, src, dst, feats + i0, c_src, grad + n0, c_dst, dw + i0 * c_dst + n0, c_dst, last_lanes(width),
+              accumulate);
+        });
+      }
+    });
+  }
+}
+
+}  // namespace avx2
+}  // namespace torchsparse_pp
