@@ -37,7 +37,9 @@ that fetch_on_demand and implicit GEMM run (rows read straight from the source r
 registers): "avx512" (AVX-512 F/BW/VL; bfloat16 on the AVX512-BF16 dot product where present),
 "avx2" (AVX2 + FMA, for CPUs without AVX-512; bfloat16 rows are widened to float) or "none"
 (float tiles through ATen's micro-kernel). Assigning an instruction set this CPU lacks raises.
-float32 results are bit-identical between "avx512" and "avx2". The environment variables
+float32 forward and dgrad results are bit-identical between "avx512" and "avx2" (so is the
+weight gradient where both run register kernels; AVX2 leaves weights wider than 32 x 32 to the
+float tiles, which are faster there). The environment variables
 TSPP_DISABLE_AVX512_KERNELS=1 and TSPP_DISABLE_PAIR_KERNEL=1 set the start value to "avx2" /
 "none".
 """
@@ -84,10 +86,10 @@ def _cpu_kernels() -> property:
     mirrored in Python, so that compiled graphs read a plain attribute."""
 
     def read(self) -> str:
-        value = getattr(self, "_cpu_kernels", None)
+        value = getattr(self, "_cpu_kernels_choice", None)
         if value is None:
             from . import ops
-            value = self._cpu_kernels = ops.cpu_register_isa()
+            value = self._cpu_kernels_choice = ops.cpu_register_isa()
         return value
 
     def assign(self, value) -> None:
@@ -98,7 +100,7 @@ def _cpu_kernels() -> property:
             ops.cpu_set_register_isa(value)
         except RuntimeError as e:
             raise ValueError(str(e).splitlines()[0]) from None
-        self._cpu_kernels = value
+        self._cpu_kernels_choice = value
     return property(read, assign)
 
 

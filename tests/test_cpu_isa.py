@@ -1,0 +1,102 @@
+"""torchsparse_pp.backends.cpu_kernels: the CPU register kernels' instruction set, chosen at run
+time. Every instruction set this CPU has runs fetch_on_demand and implicit GEMM (forward, dgrad,
+wgrad; float32 and bfloat16) against the float64 dense oracle on LiDAR-like crops, and float32
+results are bit-identical between the AVX-512 and AVX2 register kernels (they sum in one order)."""
+import pytest
+import torch
+
+import torchsparse_pp as tsp
+from torchsparse_pp.nn.functional import ConvConfig
+from dataflow_cases import lidar_scene, oracle_errors
+
+CONFIGS = [ConvConfig("fetch_on_demand"), ConvConfig("implicit_gemm", sorted=True, split_mask_num=2),
+           ConvConfig("implicit_gemm", sorted=False, split_mask_num=0)]
+# Narrow W (the AVX2 narrow kernel's K <= 12 / <= 6), odd K, a masked last vector, > 16 columns,
+# and widths on both sides of the AVX2 register weight gradient's 32 x 32 limit.
+CHANNELS = [(4, 16), (5, 7), (12, 8), (19, 70), (32, 32), (40, 33)]
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def available_isas():
+    """The instruction sets this CPU accepts, tried through the switch itself."""
+    start = tsp.backends.cpu_kernels
+    found = []
+    try:
+        for isa in ("avx512", "avx2", "none"):
+            try:
+                tsp.backends.cpu_kernels = isa
+            except ValueError:
+                continue
+            found.append(isa)
+    finally:
+        tsp.backends.cpu_kernels = start
+    return found
+
+
+@pytest.fixture
+def restore_cpu_kernels():
+    start = tsp.backends.cpu_kernels
+    yield
+    tsp.backends.cpu_kernels = start
+
+
+def test_cpu_kernels_switch_checks_its_values(restore_cpu_kernels):
+    assert tsp.backends.cpu_kernels in ("avx512", "avx2", "none")
+    for bad in ("sse", "AVX2", 2, None, True):
+        with pytest.raises(ValueError, match="cpu_kernels must be one of"):
+            tsp.backends.cpu_kernels = bad
+    if "avx512" not in available_isas():
+        with pytest.raises(ValueError, match="lacks AVX-512"):
+            tsp.backends.cpu_kernels = "avx512"
+    tsp.backends.cpu_kernels = "none"
+    assert tsp.backends.cpu_kernels == "none" and not tsp.ops.cpu_register_kernels()
+    assert tsp.ops.cpu_register_isa() == "none"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_isa_matches_the_oracle(restore_cpu_kernels, gen, dtype):
+    coords = lidar_scene(int(torch.randint(0, 4, (1,), generator=gen)))
+    geom = {"kernel_size": 3}
+    results = {}
+    for isa in available_isas():
+        tsp.backends.cpu_kernels = isa
+        for c_in, c_out in CHANNELS:
+            feats = (torch.randn(len(coords), c_in, generator=gen) * (1 + torch.rand(c_in, generator=gen))).to(dtype)
+            weight = (torch.randn(27, c_in, c_out, generator=gen) / c_in ** 0.5).to(dtype)
+            x = tsp.SparseTensor(feats, coords)
+            for i, config in enumerate(CONFIGS):
+                g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,), generator=gen)))
+                y, errors = oracle_errors(x, weight, geom, config, g)
+                bad = {k: v for k, v in errors.items() if not v < TOLERANCE[dtype]}
+                assert not bad, f"{isa} {config} C {c_in}->{c_out} {dtype}: {errors}"
+                results[(isa, c_in, i)] = y.F
+    if dtype == torch.float32 and "avx512" in results and "avx2" in results:
+        for (isa, c_in, i), out in results.items():
+            if isa == "avx512":
+                assert torch.equal(out, results[("avx2", c_in, i)]), (c_in, CONFIGS[i])
+
+
+def test_avx2_float32_kernels_are_bit_identical_to_avx512(restore_cpu_kernels, gen):
+    """Forward and dgrad of both kernel sets, same operands, equal bits; the weight gradient too
+    where both run register kernels (fetch_on_demand up to 32 x 32 on AVX2) or both tiles
+    (implicit GEMM)."""
+    if not {"avx512", "avx2"} <= set(available_isas()):
+        pytest.skip("needs a CPU with AVX-512 (the AVX2 kernels run on it too)")
+    coords = lidar_scene(int(torch.randint(0, 4, (1,), generator=gen)))
+    outs = {}
+    for isa in ("avx512", "avx2"):
+        tsp.backends.cpu_kernels = isa
+        for c_in, c_out in CHANNELS:
+            g = torch.Generator().manual_seed(c_in * 100 + c_out)
+            feats = torch.randn(len(coords), c_in, generator=g).requires_grad_(True)
+            weight = torch.randn(27, c_in, c_out, generator=g).requires_grad_(True)
+            for config in CONFIGS:
+                y = tsp.nn.functional.conv3d(tsp.SparseTensor(feats, coords), weight, 3, config=config)
+                y.F.backward(torch.randn(y.F.shape, generator=g))
+                same_wgrad = config.dataflow == "implicit_gemm" or c_in * c_out <= 32 * 32
+                outs.setdefault(isa, []).append((y.F.detach(), feats.grad.clone()) +
+                                                ((weight.grad.clone(),) if same_wgrad else ()))
+                feats.grad = weight.grad = None
+    for a, b in zip(outs["avx512"], outs["avx2"]):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
