@@ -1,7 +1,7 @@
 """The CPU kernels pick their inner loops at run time from the CPU's features: register
-gather-GEMM-scatter kernels (AVX-512), bfloat16 dot products (AVX512-BF16), or float tiles
+gather-GEMM-scatter kernels (AVX-512, else AVX2), bfloat16 dot products (AVX512-BF16), or float tiles
 through ATen's micro-kernel. The suite runs the paths this CPU picks; here every combination is
-forced in a fresh process (the switches are read once) and all must agree, forward, dgrad and
+forced in a fresh process by its environment variable (read once at start) and all must agree, forward, dgrad and
 wgrad, for fetch_on_demand, implicit GEMM (sorted and with splits) and gather_scatter."""
 import os
 import subprocess
@@ -37,6 +37,7 @@ for dtype in (torch.float32, torch.bfloat16):
 torch.save(out, {path!r})
 """
 PATHS = {"default": {}, "tiles": {"TSPP_DISABLE_PAIR_KERNEL": "1"}, "no_bf16_dot": {"TSPP_DISABLE_BF16_DOT": "1"},
+         "avx2": {"TSPP_DISABLE_AVX512_KERNELS": "1"},
          "plain": {"TSPP_DISABLE_PAIR_KERNEL": "1", "TSPP_DISABLE_BF16_DOT": "1"}}
 
 
@@ -45,7 +46,8 @@ def test_every_kernel_path_agrees(tmp_path, seed):
     for name, env in PATHS.items():
         path = str(tmp_path / f"{name}.pt")
         code = RUN.format(tests=os.path.dirname(__file__), seed=seed, path=path)
-        clean = {k: v for k, v in os.environ.items() if k not in ("TSPP_DISABLE_PAIR_KERNEL", "TSPP_DISABLE_BF16_DOT")}
+        clean = {k: v for k, v in os.environ.items()
+                 if k not in ("TSPP_DISABLE_PAIR_KERNEL", "TSPP_DISABLE_BF16_DOT", "TSPP_DISABLE_AVX512_KERNELS")}
         subprocess.run([sys.executable, "-c", code], check=True, env=dict(clean, **env), timeout=600)
         results[name] = torch.load(path)
     base = results["plain"]
