@@ -24,8 +24,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (add_output_arguments, add_round_arguments, busy_processes, check_round_arguments,  # noqa: E402
-                    interleaved_times, load_average, machine_info, num_threads, output_dir, pyplot, save_figure,
-                    write_json)
+                    grouped_bars, interleaved_times, load_average, machine_info, num_threads, output_dir, pyplot,
+                    save_figure, write_json)
 from defaults_cpu import CONFIGS, PASSES, layer_tasks, record_layers  # noqa: E402
 from models import minkunet_workload  # noqa: E402
 
@@ -101,15 +101,9 @@ def plot(report, path) -> None:
         return
     names = list(report["bf16_speedup"])
     fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(names)
-    for i, n in enumerate(names):
-        ax.bar([j + i * width for j in range(len(PASSES))], [report["bf16_speedup"][n][p] for p in PASSES], width,
-               label=n)
     ax.axhline(report["target_speedup"], color="k", linestyle="--", linewidth=1, label="target")
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(PASSES))], PASSES)
-    ax.set_ylabel("bf16 speed-up over float32")
-    ax.set_title(f"{report['model']}, {report['threads']} threads", fontsize=9)
-    ax.legend(fontsize=7)
+    grouped_bars(ax, PASSES, {n: [report["bf16_speedup"][n][p] for p in PASSES] for n in names},
+                 "bf16 speed-up over float32", f"{report['model']}, {report['threads']} threads")
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
     plt.close(fig)

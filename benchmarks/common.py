@@ -220,6 +220,17 @@ def pyplot():
     return plt
 
 
+def grouped_bars(ax, groups: Sequence[str], series: Dict[str, Sequence[float]], ylabel: str, title: str) -> None:
+    """One bar per series within each group (x axis: the groups), with a legend."""
+    width = 0.8 / max(1, len(series))
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar([j + i * width for j in range(len(groups))], list(values), width, label=name)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], list(groups))
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+
+
 def add_output_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     """--out DIR / --publish, with help that says where the results go by default."""
     where = parser.add_mutually_exclusive_group()

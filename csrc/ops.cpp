@@ -82,9 +82,10 @@ TORCH_LIBRARY(torchsparse_pp, m) {
   // Whether this CPU runs the bfloat16 dot-product tile kernels (AVX512-BF16).
   m.def("cpu_bf16_dot() -> bool");
   // Whether this CPU runs the register kernels of fetch_on_demand / implicit GEMM (else float
-  // tiles), and their instruction set: "avx512", "avx2" or "none".
+  // tiles), and their instruction set: 2 AVX-512, 1 AVX2, 0 none (an int: opcheck compares
+  // outputs and cannot compare strings).
   m.def("cpu_register_kernels() -> bool");
-  m.def("cpu_register_isa() -> str");
+  m.def("cpu_register_isa() -> int");
   m.def("cpu_set_register_isa(str isa) -> ()");
 
   // Whether this build has CUDA kernels (they register under the CUDA dispatch key).

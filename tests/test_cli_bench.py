@@ -9,7 +9,7 @@ import pytest
 
 from test_cli_support import REPO, cli_env, snapshot
 
-SCRIPTS = ("conv_cpu", "deterministic_cpu", "models", "autotune", "bf16_cpu", "malloc_cpu", "pointwise_cpu")
+SCRIPTS = ("conv_cpu", "deterministic_cpu", "models", "autotune", "bf16_cpu", "malloc_cpu", "pointwise_cpu", "cpu_kernels")
 
 
 def bench(script, *args, timeout=300):

@@ -71,6 +71,9 @@ def _swapped(pairs):
 CASES = {
     "cpu_bf16_dot": [("", lambda m: ())],
     "cpu_register_kernels": [("", lambda m: ())],
+    "cpu_register_isa": [("", lambda m: ())],
+    # Sets what is set already: the check leaves the process's choice as it was.
+    "cpu_set_register_isa": [("", lambda m: (ops.cpu_register_isa(),))],
     "cuda_built": [("", lambda m: ())],
     "hash_build": [("", lambda m: (m.sub.in_coords,))],
     "hash_query": [("", lambda m: (ops.hash_build(m.sub.in_coords), m.down.out_coords))],

@@ -333,14 +333,6 @@ bool avx512_kernels_off() {
   return avx512_off.load(std::memory_order_relaxed);
 }
 
-const char* register_isa_name() {
-  switch (register_isa()) {
-    case RegisterIsa::kAvx512: return "avx512";
-    case RegisterIsa::kAvx2: return "avx2";
-    default: return "none";
-  }
-}
-
 void set_register_isa(const std::string& name) {
   register_isa();
   if (name == "avx512") {
@@ -395,7 +387,7 @@ void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, 
 
 TORCH_LIBRARY_IMPL(torchsparse_pp, CompositeExplicitAutograd, m) {
   m.impl("cpu_register_kernels", []() { return pair_gemm_available(); });
-  m.impl("cpu_register_isa", []() { return std::string(register_isa_name()); });
+  m.impl("cpu_register_isa", []() { return static_cast<int64_t>(register_isa()); });
   m.impl("cpu_set_register_isa", [](c10::string_view isa) { set_register_isa(std::string(isa)); });
 }
 

@@ -23,9 +23,8 @@ constexpr int64_t kRowGroup = 6;
 // (pair_gemm_avx2.h), else none (float tiles). TSPP_DISABLE_AVX512_KERNELS=1 takes AVX2 on an
 // AVX-512 CPU (the bf16 dot kernels are then off too) and TSPP_DISABLE_PAIR_KERNEL=1 takes
 // none: tests compare the paths.
-enum class RegisterIsa { kNone, kAvx2, kAvx512 };
+enum class RegisterIsa { kNone = 0, kAvx2 = 1, kAvx512 = 2 };  // op cpu_register_isa's numbers
 RegisterIsa register_isa();
-const char* register_isa_name();
 
 // Chooses "avx512", "avx2" or "none" from now on (torchsparse_pp.backends.cpu_kernels); an
 // instruction set the CPU lacks is an error. "avx2" also turns the bf16 dot kernels off.

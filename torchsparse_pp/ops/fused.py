@@ -33,7 +33,7 @@ def cpu_register_kernels() -> bool:
 
 def cpu_register_isa() -> str:
     """The instruction set of the CPU register kernels: "avx512", "avx2" or "none"."""
-    return _ops.cpu_register_isa()
+    return ("none", "avx2", "avx512")[_ops.cpu_register_isa()]
 
 
 def cpu_set_register_isa(isa: str) -> None:
