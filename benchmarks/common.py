@@ -142,6 +142,7 @@ def machine_info() -> Dict[str, object]:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu_model": cpu_model(),
         "logical_cpus": os.cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's vector ISA: AVX2, AVX512, ...
         "torch_default_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "platform": platform.platform(),
