@@ -25,9 +25,9 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_output_arguments, add_round_arguments, check_round_arguments, grouped_bars,  # noqa: E402
-                    interleaved_times, load_average, machine_info, median_time, num_threads, output_dir, pyplot, save_figure,
-                    write_json)
+from common import (add_output_arguments, add_round_arguments, check_round_arguments,  # noqa: E402
+                    grouped_bars, interleaved_times, load_average, machine_info, median_time, num_threads,
+                    output_dir, pyplot, save_figure, write_json)
 from defaults_cpu import CONFIGS, PASSES, record_layers  # noqa: E402
 from models import minkunet_workload  # noqa: E402
 

@@ -353,7 +353,8 @@ bool pair_gemm_available() { return register_isa() != RegisterIsa::kNone; }
 
 void pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t ldf, int64_t K,
                const float* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
-  if (register_isa() == RegisterIsa::kAvx512) return pair_gemm_impl(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate);
+  if (register_isa() == RegisterIsa::kAvx512)
+    return pair_gemm_impl(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate);
   avx2::pair_gemm(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate);
 }
 

@@ -2,11 +2,12 @@
 //
 //   out[dst[i], :N] (+)= feats[src[i], :K] @ W[K, N]     for i < count
 //
-// A register-blocked micro-kernel (AVX-512, or AVX2 on CPUs without it) reads its rows of A straight from the source rows
-// (broadcasts through row pointers) and adds its accumulators straight into the destination rows:
-// no gathered tile and no product tile go through memory. The pairs of one call must name each
-// destination at most once (true within one offset). Float32 with FMA, bfloat16 with the
-// AVX512-BF16 dot product (float sums, W packed by bf16_pack_pairs).
+// A register-blocked micro-kernel (AVX-512, or AVX2 on CPUs without it) reads its rows of A
+// straight from the source rows (broadcasts through row pointers) and adds its accumulators
+// straight into the destination rows: no gathered tile and no product tile go through memory.
+// The pairs of one call must name each destination at most once (true within one offset).
+// Float32 with FMA, bfloat16 with the AVX512-BF16 dot product (float sums, W packed by
+// bf16_pack_pairs) or, without it, widened to float (float W).
 #pragma once
 
 #include <c10/util/BFloat16.h>
