@@ -38,18 +38,6 @@ DATAFLOWS = {"fetch_on_demand": "fetch_on_demand", "implicit_gemm": "implicit_ge
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def available_isas():
-    start, found = tsp.backends.cpu_kernels, []
-    for isa in tsp.backends.CPU_KERNELS:
-        try:
-            tsp.backends.cpu_kernels = isa
-            found.append(isa)
-        except ValueError:
-            pass
-    tsp.backends.cpu_kernels = start
-    return found
-
-
 def layer_tasks(layer, config, isas, gen):
     flow = DATAFLOW_MODULES[config.dataflow]
     view = layer["view"]
@@ -85,7 +73,7 @@ def main(argv=None) -> int:
     check_round_arguments(parser, args)
     out = output_dir(args, "cpu_kernels")
     start = tsp.backends.cpu_kernels
-    isas = available_isas()
+    isas = list(tsp.backends.available_cpu_kernels())
     config = CONFIGS[DATAFLOWS[args.dataflow]]
     workload = minkunet_workload(0.5)
     layers = record_layers(workload.ours.eval(), workload.ours_input("cpu"))

@@ -17,22 +17,6 @@ CHANNELS = [(4, 16), (5, 7), (12, 8), (19, 70), (32, 32), (40, 33)]
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
-def available_isas():
-    """The instruction sets this CPU accepts, tried through the switch itself."""
-    start = tsp.backends.cpu_kernels
-    found = []
-    try:
-        for isa in ("avx512", "avx2", "none"):
-            try:
-                tsp.backends.cpu_kernels = isa
-            except ValueError:
-                continue
-            found.append(isa)
-    finally:
-        tsp.backends.cpu_kernels = start
-    return found
-
-
 @pytest.fixture
 def restore_cpu_kernels():
     start = tsp.backends.cpu_kernels
@@ -42,10 +26,15 @@ def restore_cpu_kernels():
 
 def test_cpu_kernels_switch_checks_its_values(restore_cpu_kernels):
     assert tsp.backends.cpu_kernels in ("avx512", "avx2", "none")
+    start, dot = tsp.backends.cpu_kernels, tsp.ops.cpu_bf16_dot()
+    available = tsp.backends.available_cpu_kernels()
+    assert start in available and available[-1] == "none"
+    # Probing leaves the choice as it was, the bf16 dot kernels included.
+    assert tsp.ops.cpu_register_isa() == start and tsp.ops.cpu_bf16_dot() == dot
     for bad in ("sse", "AVX2", 2, None, True):
         with pytest.raises(ValueError, match="cpu_kernels must be one of"):
             tsp.backends.cpu_kernels = bad
-    if "avx512" not in available_isas():
+    if "avx512" not in tsp.backends.available_cpu_kernels():
         with pytest.raises(ValueError, match="lacks AVX-512"):
             tsp.backends.cpu_kernels = "avx512"
     tsp.backends.cpu_kernels = "none"
@@ -58,7 +47,7 @@ def test_every_isa_matches_the_oracle(restore_cpu_kernels, gen, dtype):
     coords = lidar_scene(int(torch.randint(0, 4, (1,), generator=gen)))
     geom = {"kernel_size": 3}
     results = {}
-    for isa in available_isas():
+    for isa in tsp.backends.available_cpu_kernels():
         tsp.backends.cpu_kernels = isa
         for c_in, c_out in CHANNELS:
             feats = (torch.randn(len(coords), c_in, generator=gen) * (1 + torch.rand(c_in, generator=gen))).to(dtype)
@@ -80,7 +69,7 @@ def test_avx2_float32_kernels_are_bit_identical_to_avx512(restore_cpu_kernels, g
     """Forward and dgrad of both kernel sets, same operands, equal bits; the weight gradient too
     where both run register kernels (fetch_on_demand up to 32 x 32 on AVX2) or both tiles
     (implicit GEMM)."""
-    if not {"avx512", "avx2"} <= set(available_isas()):
+    if not {"avx512", "avx2"} <= set(tsp.backends.available_cpu_kernels()):
         pytest.skip("needs a CPU with AVX-512 (the AVX2 kernels run on it too)")
     coords = lidar_scene(int(torch.randint(0, 4, (1,), generator=gen)))
     outs = {}

@@ -36,7 +36,9 @@ support (they raise), or to compare.
 that fetch_on_demand and implicit GEMM run (rows read straight from the source rows, sums kept in
 registers): "avx512" (AVX-512 F/BW/VL; bfloat16 on the AVX512-BF16 dot product where present),
 "avx2" (AVX2 + FMA, for CPUs without AVX-512; bfloat16 rows are widened to float) or "none"
-(float tiles through ATen's micro-kernel). Assigning an instruction set this CPU lacks raises.
+(float tiles through ATen's micro-kernel; bfloat16 keeps the AVX512-BF16 dot-product tiles where
+present, unless TSPP_DISABLE_AVX512_KERNELS=1). Assigning an instruction set this CPU lacks raises;
+``available_cpu_kernels()`` lists the values this CPU accepts.
 float32 forward and dgrad results are bit-identical between "avx512" and "avx2" (so is the
 weight gradient where both run register kernels; AVX2 leaves weights wider than 32 x 32 to the
 float tiles, which are faster there). The environment variables
@@ -102,6 +104,21 @@ def _cpu_kernels() -> property:
             raise ValueError(str(e).splitlines()[0]) from None
         self._cpu_kernels_choice = value
     return property(read, assign)
+
+
+def available_cpu_kernels() -> tuple:
+    """The ``cpu_kernels`` values this CPU accepts, best first (each tried through the switch,
+    which is left as it was)."""
+    from . import ops
+    start, found = ops.cpu_register_isa(), []
+    for isa in CPU_KERNELS:
+        try:
+            ops.cpu_set_register_isa(isa)
+        except RuntimeError:
+            continue
+        found.append(isa)
+    ops.cpu_set_register_isa(start)
+    return tuple(found)
 
 
 class _Backends(types.ModuleType):

@@ -345,6 +345,8 @@ void set_register_isa(const std::string& name) {
     chosen_isa = static_cast<int>(RegisterIsa::kAvx2);
   } else {
     TORCH_CHECK(name == "none", "cpu kernels must be 'avx512', 'avx2' or 'none', got '", name, "'");
+    // As at start with TSPP_DISABLE_PAIR_KERNEL=1: the state follows from the name alone.
+    avx512_off = disabled_by_env("TSPP_DISABLE_AVX512_KERNELS");
     chosen_isa = static_cast<int>(RegisterIsa::kNone);
   }
 }

@@ -28,7 +28,8 @@ enum class RegisterIsa { kNone = 0, kAvx2 = 1, kAvx512 = 2 };  // op cpu_registe
 RegisterIsa register_isa();
 
 // Chooses "avx512", "avx2" or "none" from now on (torchsparse_pp.backends.cpu_kernels); an
-// instruction set the CPU lacks is an error. "avx2" also turns the bf16 dot kernels off.
+// instruction set the CPU lacks is an error. "avx2" also turns the bf16 dot kernels off; "none"
+// leaves them as the environment says (as at start), so each name gives one state.
 void set_register_isa(const std::string& name);
 
 // Whether the AVX-512 kernels are off (TSPP_DISABLE_AVX512_KERNELS=1, or "avx2" chosen).

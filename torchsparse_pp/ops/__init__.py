@@ -10,7 +10,7 @@ load_library()
 from .batch_norm import batch_norm_apply, batch_norm_backward, batch_norm_stats  # noqa: E402
 from .fetch_on_demand import fetch_on_demand_forward, fetch_on_demand_wgrad  # noqa: E402
 from .fused import (cpu_bf16_dot, cpu_register_isa, cpu_register_kernels, cpu_set_register_isa,  # noqa: E402
-                    fetch_on_demand_forward_fused)  # noqa: E402
+                    fetch_on_demand_forward_fused)
 from .gather_scatter import gather_scatter_forward, gather_scatter_wgrad  # noqa: E402
 from .hash import hash_build, hash_query  # noqa: E402
 from .implicit_gemm import implicit_gemm_forward, implicit_gemm_wgrad  # noqa: E402
