@@ -107,10 +107,13 @@ def test_out_in_and_pairs_views(geometry, mode, generator):
 
 
 
-def test_pairs_views_without_the_vector_counter():
-    """The scalar pair counter (CPUs without AVX-512) against the same numpy oracle: the view
-    tests above in a process with TSPP_DISABLE_KMAP_AVX512=1."""
-    env = dict(os.environ, TSPP_DISABLE_KMAP_AVX512="1")
+@pytest.mark.parametrize("switches", [("TSPP_DISABLE_KMAP_AVX512",),
+                                      ("TSPP_DISABLE_KMAP_AVX512", "TSPP_DISABLE_KMAP_AVX2")],
+                         ids=["avx2_counter", "scalar_counter"])
+def test_pairs_views_with_other_counters(switches):
+    """The AVX2 and scalar pair counters (CPUs without AVX-512, or without AVX2) against the same
+    numpy oracle: the view tests above in a process with the faster counters switched off."""
+    env = dict(os.environ, **{name: "1" for name in switches})
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            f"{__file__}::test_out_in_and_pairs_views"], env=env, capture_output=True, text=True,
                           timeout=600, cwd=os.path.dirname(__file__))

@@ -141,9 +141,62 @@ TSPP_AVX512_TARGET int32_t count_pairs_avx512(const int32_t* m, int64_t K, int64
   return _mm512_reduce_max_epi32(largest);
 }
 
-bool count_pairs_avx512_available() {
-  static const bool available = cpu_has_avx512(/*bf16=*/false) && !disabled_by_env("TSPP_DISABLE_KMAP_AVX512");
-  return available;
+// count_pairs for K <= 8 * Parts with AVX2: the same scheme in 8-lane vectors. Masked loads keep
+// the last row's reads inside the table; their masked-off lanes read 0, so they are set to -1.
+template <int Parts>
+TSPP_AVX2_TARGET int32_t count_pairs_avx2(const int32_t* m, int64_t K, int64_t r0, int64_t r1, int64_t* cnt,
+                                          uint64_t* masks) {
+  const __m256i absent = _mm256_set1_epi32(-1), lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256i load[Parts], outside[Parts], c[Parts], largest = absent;
+  for (int j = 0; j < Parts; ++j) {
+    load[j] = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(K - 8 * j)), lane);
+    outside[j] = _mm256_xor_si256(load[j], absent);
+    c[j] = _mm256_setzero_si256();
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    const int32_t* row = m + r * K;
+    uint64_t present = 0;
+    for (int j = 0; j < Parts; ++j) {
+      const __m256i v = _mm256_or_si256(_mm256_maskload_epi32(row + 8 * j, load[j]), outside[j]);
+      const __m256i here = _mm256_cmpgt_epi32(v, absent);
+      c[j] = _mm256_sub_epi32(c[j], here);  // a true lane is -1
+      present |= uint64_t(static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(here)))) << (8 * j);
+      largest = _mm256_max_epi32(largest, v);
+    }
+    masks[r] = present;
+  }
+  alignas(32) int32_t lanes[8 * Parts];
+  for (int j = 0; j < Parts; ++j) _mm256_store_si256(reinterpret_cast<__m256i*>(lanes + 8 * j), c[j]);
+  for (int64_t k = 0; k < K; ++k) cnt[k] += lanes[k];
+  alignas(32) int32_t top[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(top), largest);
+  return *std::max_element(top, top + 8);
+}
+
+// The vector pair counter this CPU runs for K <= 32 (TSPP_DISABLE_KMAP_AVX512=1 and
+// TSPP_DISABLE_KMAP_AVX2=1 turn them off, for tests and comparisons).
+enum class PairCounter { kScalar, kAvx2, kAvx512 };
+
+PairCounter pair_counter() {
+  static const PairCounter counter = [] {
+    if (cpu_has_avx512(/*bf16=*/false) && !disabled_by_env("TSPP_DISABLE_KMAP_AVX512")) return PairCounter::kAvx512;
+    if (cpu_has_avx2_fma() && !disabled_by_env("TSPP_DISABLE_KMAP_AVX2")) return PairCounter::kAvx2;
+    return PairCounter::kScalar;
+  }();
+  return counter;
+}
+
+int32_t count_pairs_fastest(const int32_t* m, int64_t K, int64_t r0, int64_t r1, int64_t* cnt, uint64_t* masks) {
+  if (K <= 32 && pair_counter() == PairCounter::kAvx512) return count_pairs_avx512(m, K, r0, r1, cnt, masks);
+  if (K <= 32 && pair_counter() == PairCounter::kAvx2) {
+    switch ((K + 7) / 8) {
+      case 1: return count_pairs_avx2<1>(m, K, r0, r1, cnt, masks);
+      case 2: return count_pairs_avx2<2>(m, K, r0, r1, cnt, masks);
+      case 3: return count_pairs_avx2<3>(m, K, r0, r1, cnt, masks);
+      default: return count_pairs_avx2<4>(m, K, r0, r1, cnt, masks);
+    }
+  }
+  return count_pairs(m, K, r0, r1, cnt, masks);
 }
 
 // Writes the pairs of map rows [r0, r1), each offset's at its cursor in `pos`.
@@ -181,14 +234,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cpu(
   std::unique_ptr<uint64_t[]> masks;
   if (K <= 64) masks = std::make_unique_for_overwrite<uint64_t[]>(num_out);
   std::atomic<bool> in_range{true};
-  // Chunks hold at most 2^31 / 256 rows each, so the vector kernel's int32 lanes do not overflow.
-  const bool vector_count = K <= 32 && count_pairs_avx512_available();
+  // Chunks hold at most 2^31 / 256 rows each, so the vector kernels' int32 lanes do not overflow.
   at::parallel_for(0, num_chunks, 1, [&](int64_t cb, int64_t ce) {
     for (int64_t ch = cb; ch < ce; ++ch) {
       const int64_t r0 = ch * chunk, r1 = std::min(num_out, (ch + 1) * chunk);
       int64_t* cnt = counts.data() + ch * K;
-      const int32_t largest = vector_count ? count_pairs_avx512(m, K, r0, r1, cnt, masks.get())
-                                           : count_pairs(m, K, r0, r1, cnt, masks.get());
+      const int32_t largest = count_pairs_fastest(m, K, r0, r1, cnt, masks.get());
       if (largest >= num_in) in_range = false;
     }
   });
