@@ -161,6 +161,30 @@ def test_spatial_range_clips_spconv_outputs(generator):
     assert bool((free.out_coords[:, 1:] < 0).any())  # without a range, q = -1 is reachable
 
 
+@pytest.mark.parametrize("geometry", [ConvGeometry.make(2, stride=2),
+                                      ConvGeometry.make((4, 2, 2), stride=(4, 2, 2), padding=(1, 0, 1))])
+@pytest.mark.parametrize("spatial", [None, (27, 19, 13)], ids=["free", "clipped"])
+@pytest.mark.parametrize("order", ["sorted", "shuffled"])
+def test_kernel_equal_to_stride_maps(geometry, spatial, order, generator):
+    """kernel == stride (the one-candidate-per-input path with shifts and masks): the output set
+    is every floor((p + pad) / s) inside the range, and out_in matches the numpy oracle, for
+    coordinates in canonical order (as the library makes them) and shuffled."""
+    coords = random_coords(generator, 4000, batch=2, low=-12, high=14)
+    if order == "shuffled":
+        coords = coords[torch.randperm(coords.shape[0], generator=generator)]
+    # conv3d's output size (dilation 1) clips the outputs when the input's range is known
+    clip = None if spatial is None else [(n + 2 * p - k) // s + 1 for n, p, k, s in
+                                         zip(spatial, geometry.padding, geometry.kernel_size, geometry.stride)]
+    kmap = strided_map(KernelMapCache(), coords, geometry, "spconv", spatial)
+    q = coords.numpy().astype(np.int64).copy()
+    q[:, 1:] = np.floor_divide(q[:, 1:] + np.array(geometry.padding), np.array(geometry.stride))
+    if clip is not None:
+        q = q[((q[:, 1:] >= 0) & (q[:, 1:] < np.array(clip))).all(1)]
+    assert len(q) > 100 and (clip is None or len(q) < len(coords))
+    assert np.array_equal(kmap.out_coords.numpy(), np.unique(q, axis=0))
+    assert np.array_equal(kmap.out_in[:kmap.num_out].numpy(), numpy_out_in(coords, kmap.out_coords, geometry))
+
+
 @pytest.mark.parametrize("geometry", [ConvGeometry.make(2, stride=2), ConvGeometry.make(3, stride=2, padding=1),
                                       ConvGeometry.make((3, 1, 2), stride=(2, 1, 3), dilation=(1, 1, 2))])
 def test_generative_map_and_maps_of_new_coordinates(geometry, generator):
