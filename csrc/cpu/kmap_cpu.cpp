@@ -230,12 +230,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cpu(
   // Fixed row chunks make the pair order (offset, then output row) independent of threads.
   const int64_t chunk = std::max<int64_t>(256, (num_out + 255) / 256);
   const int64_t num_chunks = (num_out + chunk - 1) / chunk;
+  // Chunks per thread: at least ~64K map cells each (a few tens of microseconds), since waking
+  // a thread costs about as much as a small map's whole pass.
+  const int64_t chunk_grain = std::max<int64_t>(1, (int64_t(1) << 16) / (chunk * K));
   std::vector<int64_t> counts(num_chunks * K, 0);
   std::unique_ptr<uint64_t[]> masks;
   if (K <= 64) masks = std::make_unique_for_overwrite<uint64_t[]>(num_out);
   std::atomic<bool> in_range{true};
   // Chunks hold at most 2^31 / 256 rows each, so the vector kernels' int32 lanes do not overflow.
-  at::parallel_for(0, num_chunks, 1, [&](int64_t cb, int64_t ce) {
+  at::parallel_for(0, num_chunks, chunk_grain, [&](int64_t cb, int64_t ce) {
     for (int64_t ch = cb; ch < ce; ++ch) {
       const int64_t r0 = ch * chunk, r1 = std::min(num_out, (ch + 1) * chunk);
       int64_t* cnt = counts.data() + ch * K;
@@ -262,7 +265,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cpu(
   auto out_idx = at::empty({total}, out_in.options());
   int32_t* ii = in_idx.data_ptr<int32_t>();
   int32_t* oi = out_idx.data_ptr<int32_t>();
-  at::parallel_for(0, num_chunks, 1, [&](int64_t cb, int64_t ce) {
+  at::parallel_for(0, num_chunks, chunk_grain, [&](int64_t cb, int64_t ce) {
     for (int64_t ch = cb; ch < ce; ++ch)
       emit_pairs(m, K, ch * chunk, std::min(num_out, (ch + 1) * chunk), masks.get(), pos.data() + ch * K, ii, oi);
   });
