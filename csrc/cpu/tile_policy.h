@@ -18,6 +18,7 @@
 #include "bf16_gemm.h"
 #include "pair_gemm.h"
 #include "tile_gemm.h"
+#include "transpose_avx2.h"
 
 namespace torchsparse_pp {
 
@@ -41,6 +42,9 @@ struct FloatTiles {
   // transposed tile dst[j, i] = src[row(i), j], leading dimension ld >= k_len(n).
   template <typename RowFn>
   static void gather_rows_t(const T* src, int64_t c, int64_t n, RowFn&& row, A* dst, int64_t ld) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (register_isa() != RegisterIsa::kNone) return gather_tile_transposed_x8(src, c, n, row, dst, ld);
+    }
     gather_tile_transposed(src, c, n, row, dst, ld);
   }
 
