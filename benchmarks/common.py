@@ -63,6 +63,26 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1,
             "repeats": repeats}
 
 
+def mm_rates(threads: int, n: int = 2048, repeats: int = 5,
+             dtypes: Sequence[str] = ("float32", "bfloat16")) -> Dict[str, float]:
+    """FLOP/s of torch.mm on n x n matrices (best of ``repeats``), per dtype of ``dtypes``
+    ("float32", "bfloat16"; float32 first), at ``threads`` threads. Where
+    ATen's bfloat16 GEMM is its reference loop (no oneDNN bf16: AVX2 CPUs, ~1 GFLOP/s), the
+    bfloat16 ceiling is the float32 rate: bf16 operands are multiplied in float32 there."""
+    from torchsparse_pp.utils import cpu_bf16
+
+    out = {}
+    with num_threads(threads):
+        for name in dtypes:
+            dtype = getattr(torch, name)
+            if dtype == torch.bfloat16 and not cpu_bf16.ONEDNN_BF16:
+                out[name] = out["float32"]
+                continue
+            a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+            out[name] = 2.0 * n ** 3 / median_time(lambda: a @ b, repeats)["min_s"]
+    return out
+
+
 def interleaved_times(tasks: Dict[str, Tuple[Callable, Optional[Callable[[], object]]]], repeats: int,
                       warmup: int = 1, on_round: Optional[Callable[[], object]] = None
                       ) -> Dict[str, Dict[str, object]]:

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (add_output_arguments, add_round_arguments, check_round_arguments,  # noqa: E402
-                    grouped_bars, interleaved_times, load_average, machine_info, median_time, num_threads,
+                    grouped_bars, interleaved_times, load_average, machine_info, mm_rates, num_threads,
                     output_dir, pyplot, save_figure, write_json)
 from defaults_cpu import CONFIGS, PASSES, record_layers  # noqa: E402
 from models import minkunet_workload  # noqa: E402
@@ -94,9 +94,7 @@ def main(argv=None) -> int:
                 bar.update(1)
     finally:
         tsp.backends.cpu_kernels = start
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    with num_threads(args.threads):
-        mm_rate = 2 * 2048 ** 3 / median_time(lambda: torch.mm(a, b), 5)["median_s"]
+    mm_rate = mm_rates(args.threads, dtypes=("float32",))["float32"]
     report = {"benchmark": "cpu_kernels", "description": __doc__, "machine": machine_info(), "threads": args.threads,
               "repeats": args.repeats, "warmup": args.warmup, "dataflow": args.dataflow, "isas": isas,
               "default_isa": start, "load_after": load_average(), "mm_rate_flops": mm_rate,

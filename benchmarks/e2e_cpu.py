@@ -54,7 +54,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (add_output_arguments, add_round_arguments, check_round_arguments, interleaved_times,  # noqa: E402
-                    load_average, machine_info, num_threads, output_dir, pyplot, save_figure, write_json)
+                    load_average, machine_info, mm_rates, num_threads, output_dir, pyplot, save_figure,
+                    write_json)
 from models import WORKLOADS, compare_outputs, patch_spconv_cpu_backward  # noqa: E402
 
 from torchsparse_pp import backends as tsp_backends, ops  # noqa: E402
@@ -104,29 +105,6 @@ def conv_macs(model, x) -> int:
     for h in handles:
         h.remove()
     return int(sum(total))
-
-
-def mm_rates(threads: int, n: int = 2048, repeats: int = 5) -> Dict[str, float]:
-    """FLOP/s of torch.mm on n x n matrices, float32 and bfloat16, at `threads` threads. Where
-    ATen's bfloat16 GEMM is its reference loop (no oneDNN bf16: AVX2 CPUs, ~1 GFLOP/s), the
-    bfloat16 ceiling is the float32 rate: bf16 operands are multiplied in float32 there."""
-    out = {}
-    with num_threads(threads):
-        for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-            if dtype == torch.bfloat16 and not cpu_bf16.ONEDNN_BF16:
-                out[name] = out["float32"]
-                continue
-            a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-            a @ b
-            best = min(_timed(lambda: a @ b) for _ in range(repeats))
-            out[name] = 2.0 * n ** 3 / best
-    return out
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def variants(key: str, w) -> Dict[str, Variant]:
