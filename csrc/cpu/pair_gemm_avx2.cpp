@@ -198,12 +198,23 @@ void pair_groups(int64_t count, const int32_t* src, const int32_t* dst, const T*
   }
 }
 
-// dw[m, :] (+)= sum_i x_i[m] g_i[:] for MR rows and NV vectors of columns; feats, grad and dw
-// already point at the block's first row / column.
+// Rows of dw per register block: 12 accumulators (with one vector of columns, 12 rows).
+template <int NV>
+constexpr int kBlockRows = NV == 1 ? 12 : 6;
+
+// Pairs per group of the weight gradient: their rows (~24 KiB) stay in cache while every
+// register block of dw passes over them, and each block's sums go through dw once per group.
+// Measured on a Zen 3 (MinkUNet 0.5x layers, 2 threads): 64 pairs of 48 + 48 columns beat 32.
+constexpr int64_t kMaxGroupPairs = 64;
+inline int64_t wgrad_group_pairs(int64_t c_src, int64_t c_dst) {
+  return std::clamp<int64_t>((int64_t(24) << 10) / (4 * (c_src + c_dst)), 8, kMaxGroupPairs);
+}
+
+// dw[m, :] += sum_i x_rows[i][i0 + m] g_rows[i][n0 ..] over one group's pairs, for MR rows and
+// NV vectors of columns; dw points at the block's first element.
 template <int MR, int NV, bool Masked>
-TSPP_AVX2_TARGET void outer_kernel(int64_t count, const int32_t* src, const int32_t* dst, const float* feats,
-                                   int64_t ldf, const float* grad, int64_t ldg, float* dw, int64_t ldw, int last,
-                                   bool accumulate) {
+TSPP_AVX2_TARGET void group_kernel(int64_t count, const float* const* x_rows, const float* const* g_rows, int64_t i0,
+                                   int64_t n0, float* dw, int64_t ldw, int last) {
   const __m256i tail = lanes_below(last);
   __m256 acc[MR][NV];
 #pragma GCC unroll 12
@@ -211,8 +222,8 @@ TSPP_AVX2_TARGET void outer_kernel(int64_t count, const int32_t* src, const int3
 #pragma GCC unroll 2
     for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_setzero_ps();
   for (int64_t i = 0; i < count; ++i) {
-    const float* x = feats + static_cast<int64_t>(src[i]) * ldf;
-    const float* g = grad + static_cast<int64_t>(dst[i]) * ldg;
+    const float* x = x_rows[i] + i0;
+    const float* g = g_rows[i] + n0;
     __m256 b[NV];
 #pragma GCC unroll 2
     for (int v = 0; v < NV; ++v) b[v] = load_vector<NV, Masked>(g, v, tail);
@@ -224,12 +235,8 @@ TSPP_AVX2_TARGET void outer_kernel(int64_t count, const int32_t* src, const int3
     }
   }
 #pragma GCC unroll 12
-  for (int m = 0; m < MR; ++m) store_row<NV, Masked>(acc[m], dw + m * ldw, tail, accumulate);
+  for (int m = 0; m < MR; ++m) store_row<NV, Masked>(acc[m], dw + m * ldw, tail, true);
 }
-
-// Rows of dw per register block: 12 accumulators (with one vector of columns, 12 rows).
-template <int NV>
-constexpr int kBlockRows = NV == 1 ? 12 : 6;
 
 }  // namespace
 
@@ -272,21 +279,44 @@ void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, 
 
 void pair_wgrad(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t c_src,
                 const float* grad, int64_t c_dst, float* dw, bool accumulate) {
-  // The chunk's rows are fetched once up front; every register block then re-reads them from cache.
-  prefetch_group(feats, c_src, src, count, c_src);
-  prefetch_group(grad, c_dst, dst, count, c_dst);
+  if (!accumulate) std::fill(dw, dw + c_src * c_dst, 0.0f);
+  const int64_t group = wgrad_group_pairs(c_src, c_dst);
+  int64_t blocks = 0;
   for (int64_t n0 = 0; n0 < c_dst; n0 += kColumns) {
-    const int64_t width = std::min(kColumns, c_dst - n0);
-    with_block(width, [&](auto nv, auto masked) {
-      constexpr int MR = kBlockRows<decltype(nv)::value>;
-      for (int64_t i0 = 0; i0 < c_src; i0 += MR) {
-        with_constant<MR>(std::min<int64_t>(MR, c_src - i0), [&](auto rows) {
-          outer_kernel<decltype(rows)::value, decltype(nv)::value, decltype(masked)::value>(
-              count, src, dst, feats + i0, c_src, grad + n0, c_dst, dw + i0 * c_dst + n0, c_dst, last_lanes(width),
-              accumulate);
-        });
-      }
-    });
+    const int64_t rows = c_dst - n0 > kLanes ? kBlockRows<2> : kBlockRows<1>;
+    blocks += (c_src + rows - 1) / rows;
+  }
+  const float* x_rows[kMaxGroupPairs];
+  const float* g_rows[kMaxGroupPairs];
+  for (int64_t p0 = 0; p0 < count; p0 += group) {
+    const int64_t n = std::min(group, count - p0);
+    // The next group's rows are fetched while this one computes, a few pairs before each register
+    // block: fetched all at once, they stall the loads behind them (twice as slow on a Zen 3).
+    const int64_t next = p0 + group < count ? std::min(group, count - p0 - group) : 0;
+    const int64_t per_block = (next + blocks - 1) / blocks;
+    int64_t fetched = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      x_rows[i] = feats + static_cast<int64_t>(src[p0 + i]) * c_src;
+      g_rows[i] = grad + static_cast<int64_t>(dst[p0 + i]) * c_dst;
+    }
+    for (int64_t n0 = 0; n0 < c_dst; n0 += kColumns) {
+      const int64_t width = std::min(kColumns, c_dst - n0);
+      with_block(width, [&](auto nv, auto masked) {
+        constexpr int MR = kBlockRows<decltype(nv)::value>;
+        for (int64_t i0 = 0; i0 < c_src; i0 += MR) {
+          if (fetched < next) {
+            const int64_t k = std::min(per_block, next - fetched);
+            prefetch_group(feats, c_src, src + p0 + group + fetched, k, c_src);
+            prefetch_group(grad, c_dst, dst + p0 + group + fetched, k, c_dst);
+            fetched += k;
+          }
+          with_constant<MR>(std::min<int64_t>(MR, c_src - i0), [&](auto rows) {
+            group_kernel<decltype(rows)::value, decltype(nv)::value, decltype(masked)::value>(
+                n, x_rows, g_rows, i0, n0, dw + i0 * c_dst + n0, c_dst, last_lanes(width));
+          });
+        }
+      });
+    }
   }
 }
 

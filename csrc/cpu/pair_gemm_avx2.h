@@ -2,8 +2,10 @@
 // (AMD Zen 2 / 3, Intel client cores), and the bfloat16 forms for CPUs without the bf16 dot
 // product, which widen each gathered row to float and run the float kernel on it.
 //
-// Every float32 output element sums its terms in the AVX-512 kernels' order (from zero, term by
-// term and k by k, then added to the destination), so results are bit-identical to theirs.
+// Every float32 output element of pair_gemm and rows_gemm sums its terms in the AVX-512 kernels'
+// order (from zero, term by term and k by k, then added to the destination), so results are
+// bit-identical to theirs. pair_wgrad sums each group of pairs from zero and adds it to dw, so its
+// rounding differs from the AVX-512 kernel's (which sums a whole chunk first).
 // Called only after register_isa() said the CPU has AVX2 + FMA.
 #pragma once
 

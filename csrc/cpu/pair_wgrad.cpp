@@ -77,7 +77,7 @@ void column_block(int64_t count, const int32_t* src, const int32_t* dst, const f
 }  // namespace
 
 bool pair_wgrad_pays(int64_t c_src, int64_t c_dst) {
-  return register_isa() == RegisterIsa::kAvx512 || c_src * c_dst <= 32 * 32;
+  return register_isa() == RegisterIsa::kAvx512 || c_src * c_dst <= 128 * 64;
 }
 
 void pair_wgrad(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t c_src,

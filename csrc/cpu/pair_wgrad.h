@@ -14,13 +14,14 @@
 namespace torchsparse_pp {
 
 // Whether pair_wgrad beats the float tiles for these widths: always with AVX-512; with AVX2 (8
-// columns per vector, 12 accumulators) only for narrow weights, since each register block
-// re-reads the chunk's rows and wide weights take many blocks (MinkUNet 0.5x on a Zen 3, per
-// layer: 16 x 16 1.4-1.6x faster, 32 x 32 even, 48 x 48 and up 0.8-0.9x).
+// columns per vector, 12 accumulators) up to 128 x 64 weights (MinkUNet 0.5x on a Zen 3, 2
+// threads, per layer: 16 x 16 1.6x, 48 x 48 1.2-1.4x, 128 x 64 1.2x faster; 128 x 128 and
+// 192 x 128 even, 0.94-1.18x from run to run).
 bool pair_wgrad_pays(int64_t c_src, int64_t c_dst);
 
 // feats [*, c_src] and grad [*, c_dst] row-major; dw [c_src, c_dst] is overwritten unless
-// `accumulate`. Call with the pairs of one L2-sized chunk: every register block re-reads them.
+// `accumulate`. Call with the pairs of one L2-sized chunk: the AVX-512 kernel's register blocks
+// each re-read all of them; the AVX2 kernel goes through them in small groups that stay in L1.
 void pair_wgrad(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t c_src,
                 const float* grad, int64_t c_dst, float* dw, bool accumulate);
 
