@@ -12,6 +12,7 @@
 #include <atomic>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "checks_cpu.h"
@@ -155,9 +156,9 @@ struct Candidates {
 
 // An axis with kernel == stride, dilation 1 and a power-of-two stride (k2 s2): p reaches
 // q = (p + pad) >> shift through tap (p + pad) & mask, with no table, so that a loop over rows
-// keeps all three axes in registers. q counts only in [low, high) (the clip range, if any).
+// keeps all three axes in registers. With a clip range, q counts only in [0, range).
 struct UnitTapAxis {
-  int64_t pad, shift, mask, low, high;
+  int64_t pad, shift, mask, range;
 
   static bool applies(const AxisRule& a) {
     if (!a.single || a.shift < 0) return false;
@@ -166,9 +167,7 @@ struct UnitTapAxis {
     return true;
   }
 
-  explicit UnitTapAxis(const AxisRule& a)
-      : pad(a.pad), shift(a.shift), mask(a.s - 1), low(a.range >= 0 ? 0 : std::numeric_limits<int64_t>::min()),
-        high(a.range >= 0 ? a.range : std::numeric_limits<int64_t>::max()) {}
+  explicit UnitTapAxis(const AxisRule& a) : pad(a.pad), shift(a.shift), mask(a.s - 1), range(a.range) {}
 
   // Whether every input coordinate of the supported range reaches a packable output.
   bool always_packable() const {
@@ -176,32 +175,12 @@ struct UnitTapAxis {
   }
 };
 
-// collect_unit_taps for inputs already checked to be in range whose outputs are all packable
-// (every axis always_packable): no range checks but the clip's (low == 0, one unsigned compare
-// per axis), so the loop is a few integer operations per row.
-template <bool Clip>
-void collect_unit_taps_packable(const int32_t* c, int64_t begin, int64_t end, const UnitTapAxis x,
-                                const UnitTapAxis y, const UnitTapAxis z, const int64_t ky, const int64_t kz,
-                                uint64_t* keys, uint64_t* payload) {
-  for (int64_t i = begin; i < end; ++i) {
-    const int32_t* row = c + 4 * i;
-    const int64_t px = row[1] + x.pad, py = row[2] + y.pad, pz = row[3] + z.pad;
-    const int64_t qx = px >> x.shift, qy = py >> y.shift, qz = pz >> z.shift;
-    auto key = static_cast<uint64_t>(pack_coord(row[0], qx, qy, qz));
-    if constexpr (Clip) {
-      const bool reached = static_cast<uint64_t>(qx) < static_cast<uint64_t>(x.high) &&
-                           static_cast<uint64_t>(qy) < static_cast<uint64_t>(y.high) &&
-                           static_cast<uint64_t>(qz) < static_cast<uint64_t>(z.high);
-      key = reached ? key : static_cast<uint64_t>(kEmptyKey);
-    }
-    keys[i] = key;
-    payload[i] = (static_cast<uint64_t>(i) << 32) |
-                 static_cast<uint64_t>(((px & x.mask) * ky + (py & y.mask)) * kz + (pz & z.mask));
-  }
-}
-
 // collect_single's loop over rows [begin, end) for unit-tap axes (arguments by value: no store
-// can alias them). Returns the first row whose output is not packable, or kNoRow.
+// can alias them). With Clip, outputs outside [0, range) are not reached (one unsigned compare
+// per axis); with Checked, unpackable outputs are not either, and the first row reaching one is
+// returned (else kNoRow). Without it, the inputs are in range and every axis always_packable,
+// so the loop is a few integer operations per row.
+template <bool Checked, bool Clip>
 int64_t collect_unit_taps(const int32_t* c, int64_t begin, int64_t end, const UnitTapAxis x, const UnitTapAxis y,
                           const UnitTapAxis z, const int64_t ky, const int64_t kz, uint64_t* keys,
                           uint64_t* payload) {
@@ -210,12 +189,17 @@ int64_t collect_unit_taps(const int32_t* c, int64_t begin, int64_t end, const Un
     const int32_t* row = c + 4 * i;
     const int64_t px = row[1] + x.pad, py = row[2] + y.pad, pz = row[3] + z.pad;
     const int64_t qx = px >> x.shift, qy = py >> y.shift, qz = pz >> z.shift;
-    const bool reached = qx >= x.low && qx < x.high && qy >= y.low && qy < y.high && qz >= z.low && qz < z.high;
-    const bool packable = coord_in_range(row[0], qx, qy, qz);
+    bool reached = true, packable = true;
+    if constexpr (Clip)
+      reached = static_cast<uint64_t>(qx) < static_cast<uint64_t>(x.range) &&
+                static_cast<uint64_t>(qy) < static_cast<uint64_t>(y.range) &&
+                static_cast<uint64_t>(qz) < static_cast<uint64_t>(z.range);
+    if constexpr (Checked) packable = coord_in_range(row[0], qx, qy, qz);
     keys[i] = static_cast<uint64_t>(reached && packable ? pack_coord(row[0], qx, qy, qz) : kEmptyKey);
     payload[i] = (static_cast<uint64_t>(i) << 32) |
                  static_cast<uint64_t>(((px & x.mask) * ky + (py & y.mask)) * kz + (pz & z.mask));
-    if (reached && !packable && bad == kNoRow) bad = i;
+    if constexpr (Checked)
+      if (reached && !packable && bad == kNoRow) bad = i;
   }
   return bad;
 }
@@ -230,17 +214,19 @@ Candidates collect_single(const int32_t* c, int64_t n, const Rules& rules, int64
   if (UnitTapAxis::applies(rules.axis[0]) && UnitTapAxis::applies(rules.axis[1]) &&
       UnitTapAxis::applies(rules.axis[2])) {
     const UnitTapAxis x(rules.axis[0]), y(rules.axis[1]), z(rules.axis[2]);
-    const bool packable = x.always_packable() && y.always_packable() && z.always_packable();
-    const bool clip = rules.axis[0].range >= 0;
+    // Inputs are checked to be in range before candidates are collected.
+    const bool checked = !(x.always_packable() && y.always_packable() && z.always_packable());
+    const bool clip = x.range >= 0;
     // A few nanoseconds per row: below 32768 rows a second thread costs more than it saves.
     at::parallel_for(0, n, 32768, [&](int64_t begin, int64_t end) {
-      uint64_t* keys = out.keys.data();
-      uint64_t* payload = out.payload.data();
-      if (packable && clip)
-        return collect_unit_taps_packable<true>(c, begin, end, x, y, z, rules.ky, rules.kz, keys, payload);
-      if (packable)
-        return collect_unit_taps_packable<false>(c, begin, end, x, y, z, rules.ky, rules.kz, keys, payload);
-      const int64_t bad = collect_unit_taps(c, begin, end, x, y, z, rules.ky, rules.kz, keys, payload);
+      const auto run = [&](auto checked_v, auto clip_v) {
+        return collect_unit_taps<decltype(checked_v)::value, decltype(clip_v)::value>(
+            c, begin, end, x, y, z, rules.ky, rules.kz, out.keys.data(), out.payload.data());
+      };
+      using Yes = std::true_type;
+      using No = std::false_type;
+      const int64_t bad = checked ? (clip ? run(Yes{}, Yes{}) : run(Yes{}, No{}))
+                                  : (clip ? run(No{}, Yes{}) : run(No{}, No{}));
       if (strict && bad != kNoRow) atomic_min(bad_row, bad);
     });
   } else {
