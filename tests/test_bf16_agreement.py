@@ -2,7 +2,9 @@
 torch.autocast("cpu", torch.bfloat16) equals the float32 argmax on >= 99% of the voxels
 (issue 14's target). The model is trained here, briefly, on generated scans with their labels
 (a random-weight network has near-tied logits, so its argmax measures rounding noise rather
-than what a user's model does; benchmarks/e2e_cpu.py reports that worst case too)."""
+than what a user's model does; benchmarks/e2e_cpu.py reports that worst case too). Whether the
+model learned is judged on a scan it trained on: three scans do not always generalise to a
+fourth, but the agreement is checked on both."""
 import numpy as np
 import torch
 
@@ -42,11 +44,22 @@ def test_bf16_autocast_keeps_a_trained_minkunets_argmax(seed):
         optimizer.step()
     model.eval()
     with torch.no_grad():
-        fp32 = model(SparseTensor(feats, coords))
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            bf16 = model(SparseTensor(feats, coords))
+        seen, held_out = [predictions(model, c, f) for c, f, _ in (train[0], (coords, feats, labels))]
+    seen_labels = train[0][2]
+    learned = float((seen[0].argmax(1) == seen_labels).double().mean())
+    majority = float(torch.bincount(seen_labels).max()) / len(seen_labels)
+    assert learned > max(0.4, majority), (
+        f"the model did not learn (accuracy {learned:.3f} on a training scan, majority class "
+        f"{majority:.3f}): the agreement would mean little")
+    for fp32, bf16 in (seen, held_out):
+        agreement = float((bf16.float().argmax(1) == fp32.argmax(1)).double().mean())
+        assert agreement >= 0.99, f"bf16 argmax agrees with float32 on {agreement:.4f} of {len(fp32)} voxels"
+
+
+def predictions(model, coords, feats):
+    """The model's float32 logits and its logits under bfloat16 autocast."""
+    fp32 = model(SparseTensor(feats, coords))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = model(SparseTensor(feats, coords))
     assert bf16.dtype == torch.bfloat16
-    learned = float((fp32.argmax(1) == labels).double().mean())
-    assert learned > 0.3, f"the model did not learn (accuracy {learned:.3f}): the agreement would mean little"
-    agreement = float((bf16.float().argmax(1) == fp32.argmax(1)).double().mean())
-    assert agreement >= 0.99, f"bf16 argmax agrees with float32 on {agreement:.4f} of {len(labels)} voxels"
+    return fp32, bf16
