@@ -166,7 +166,7 @@ at::Tensor pairs_wgrad_with(Tiles, const at::Tensor& feats, const at::Tensor& gr
   for (int64_t k = 0; k < K; ++k) total_chunks += (off[k + 1] - off[k] + chunk - 1) / chunk;
   // Bound the partials to ~32 MiB by grouping more chunks per item when weights are large.
   const int64_t partial_bytes = c_src * c_dst * static_cast<int64_t>(sizeof(Acc));
-  const int64_t per_item = std::max<int64_t>(4, (total_chunks * partial_bytes >> 25) + 1);
+  const int64_t per_item = std::max<int64_t>(2, (total_chunks * partial_bytes >> 25) + 1);
   struct Item {
     int64_t k, begin, end;  // pair range within the offset's list
   };
@@ -178,6 +178,15 @@ at::Tensor pairs_wgrad_with(Tiles, const at::Tensor& feats, const at::Tensor& gr
     for (int64_t r = 0; r < n; r += per_item * chunk) items.push_back({k, r, std::min(n, r + per_item * chunk)});
   }
   first_item[K] = static_cast<int64_t>(items.size());
+  // Items run in order of their first destination row, offsets interleaved: threads sweep the
+  // rows once with every offset's pairs of a region close together in time (the rows stay in
+  // cache across offsets). Each item sums into its own partial, so the order changes no bits.
+  std::vector<int64_t> order(items.size());
+  for (size_t i = 0; i < items.size(); ++i) order[i] = static_cast<int64_t>(i);
+  const int32_t* dst_all = dst_idx.data_ptr<int32_t>();
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return dst_all[off[items[a].k] + items[a].begin] < dst_all[off[items[b].k] + items[b].begin];
+  });
   at::Tensor partials = at::empty({static_cast<int64_t>(items.size()), c_src, c_dst}, feats.options().dtype(math));
   const T* f = feats.data_ptr<T>();
   const T* g = grad.data_ptr<T>();
@@ -186,7 +195,8 @@ at::Tensor pairs_wgrad_with(Tiles, const at::Tensor& feats, const at::Tensor& gr
   constexpr bool kRegisterWgrad = std::is_same_v<T, float> && std::is_same_v<Tiles, FloatTiles<float>>;
   bool registers = false;
   if constexpr (kRegisterWgrad) registers = pair_gemm_available() && pair_wgrad_pays(c_src, c_dst);
-  parallel_items(static_cast<int64_t>(items.size()), [&](int64_t it) {
+  parallel_items(static_cast<int64_t>(items.size()), [&](int64_t next) {
+    const int64_t it = order[next];
     const Item item = items[it];
     const int32_t* src = src_idx.data_ptr<int32_t>() + off[item.k];
     const int32_t* dst = dst_idx.data_ptr<int32_t>() + off[item.k];
