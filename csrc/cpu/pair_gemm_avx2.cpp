@@ -176,7 +176,7 @@ TSPP_AVX2_TARGET void widen(const c10::BFloat16* s, int64_t n, float* d) {
 // fetch of the source rows only (Zen 3, 48- and 64-column layers, 1 and 2 threads).
 template <int MR>
 TSPP_AVX2_TARGET void group_passes(const float* const* a, int64_t K, const float* W, int64_t N, float* const* o,
-                                   bool accumulate, const void* const* next_src, float* const* next_dst,
+                                   bool accumulate, const char* const* next_src, float* const* next_dst,
                                    int64_t next, int64_t row_bytes) {
   const float* w[1];
   float* on[kRows];
@@ -185,8 +185,7 @@ TSPP_AVX2_TARGET void group_passes(const float* const* a, int64_t K, const float
   int64_t fetched = 0;
   for (int64_t n0 = 0; n0 < N; n0 += kColumns) {
     for (const int64_t end = std::min(next, fetched + per_pass); fetched < end; ++fetched) {
-      const char* r = static_cast<const char*>(next_src[fetched]);
-      for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(r + b);
+      prefetch_row(next_src[fetched], row_bytes);
       if (accumulate) __builtin_prefetch(next_dst[fetched]);
     }
     w[0] = W + n0;
@@ -211,7 +210,7 @@ void pair_groups(int64_t count, const int32_t* src, const int32_t* dst, const T*
                  const float* W, int64_t N, float* out, int64_t ldo, bool accumulate, RowFn&& row) {
   const float* a[kRows];
   float* o[kRows];
-  const void* next_src[kRows];
+  const char* next_src[kRows];
   float* next_dst[kRows];
   for (int64_t i0 = 0; i0 < count; i0 += kRows) {
     const int64_t rows = std::min(kRows, count - i0);
@@ -221,7 +220,7 @@ void pair_groups(int64_t count, const int32_t* src, const int32_t* dst, const T*
       o[m] = out + static_cast<int64_t>(dst[i0 + m]) * ldo;
     }
     for (int64_t m = 0; m < next; ++m) {
-      next_src[m] = feats + static_cast<int64_t>(src[i0 + kRows + m]) * ldf;
+      next_src[m] = reinterpret_cast<const char*>(feats + static_cast<int64_t>(src[i0 + kRows + m]) * ldf);
       next_dst[m] = out + static_cast<int64_t>(dst[i0 + kRows + m]) * ldo;
     }
     with_constant<kRows>(rows, [&](auto mr) {
@@ -234,10 +233,7 @@ void pair_groups(int64_t count, const int32_t* src, const int32_t* dst, const T*
 // The rows src[0 .. count) of feats (K elements each), fetched into cache.
 template <typename T>
 void prefetch_group(const T* feats, int64_t ldf, const int32_t* src, int64_t count, int64_t K) {
-  for (int64_t m = 0; m < count; ++m) {
-    const char* row = reinterpret_cast<const char*>(feats + static_cast<int64_t>(src[m]) * ldf);
-    for (int64_t b = 0; b < K * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(row + b);
-  }
+  for (int64_t m = 0; m < count; ++m) prefetch_row(feats + static_cast<int64_t>(src[m]) * ldf, K);
 }
 
 // Rows of dw per register block: 12 accumulators (with one vector of columns, 12 rows).
