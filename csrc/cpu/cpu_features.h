@@ -15,8 +15,12 @@
 // multi-versioning), since the baseline's 128-bit vectors leave most of an AVX-512 core idle.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TSPP_ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+// Loops counting bits: popcnt is on every x86-64 CPU since 2008 but not in the baseline, where
+// __builtin_popcountll is a call into libgcc.
+#define TSPP_POPCNT_CLONES __attribute__((target_clones("popcnt", "default")))
 #else
 #define TSPP_ROW_CLONES
+#define TSPP_POPCNT_CLONES
 #endif
 // For the templates a TSPP_ROW_CLONES function calls: inlined into each clone, so that they are
 // compiled for its instruction set (a call out would run baseline code).

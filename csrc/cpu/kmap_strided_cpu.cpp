@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "checks_cpu.h"
 #include "hash_cpu.h"
 #include "kmap_common.h"
+#include "kmap_grid_cpu.h"
 #include "radix_sort.h"
 
 namespace torchsparse_pp {
@@ -157,8 +159,7 @@ struct Candidates {
 // An axis with kernel == stride, dilation 1 and a power-of-two stride (k2 s2): p reaches
 // q = (p + pad) >> shift through tap (p + pad) & mask, with no table, so that a loop over rows
 // keeps all three axes in registers. With a clip range, q counts only in [0, range).
-struct UnitTapAxis {
-  int64_t pad, shift, mask, range;
+struct UnitTapAxis : ShiftAxis {
 
   static bool applies(const AxisRule& a) {
     if (!a.single || a.shift < 0) return false;
@@ -167,7 +168,7 @@ struct UnitTapAxis {
     return true;
   }
 
-  explicit UnitTapAxis(const AxisRule& a) : pad(a.pad), shift(a.shift), mask(a.s - 1), range(a.range) {}
+  explicit UnitTapAxis(const AxisRule& a) : ShiftAxis{a.pad, a.shift, a.s - 1, a.range} {}
 
   // Whether every input coordinate of the supported range reaches a packable output.
   bool always_packable() const {
@@ -369,6 +370,19 @@ std::tuple<at::Tensor, at::Tensor> reached_outputs(const Candidates& cand, int64
   return {out_coords, out_in};
 }
 
+// Kernel == stride (a power of two) on every axis: the bitmap build of kmap_grid_cpu.h, when it
+// applies. In minkowski mode only without padding, where floor(p / s) is what p reaches.
+std::optional<std::tuple<at::Tensor, at::Tensor>> unit_taps_on_grid(const at::Tensor& coords, const Rules& rules,
+                                                                    bool minkowski, int64_t K, int64_t pad_rows_to) {
+  ShiftAxis axes[3];
+  for (int a = 0; a < 3; ++a) {
+    if (!UnitTapAxis::applies(rules.axis[a])) return std::nullopt;
+    axes[a] = UnitTapAxis(rules.axis[a]);
+    if (minkowski && axes[a].pad != 0) return std::nullopt;
+  }
+  return downsample_on_grid(coords, axes, rules.ky, rules.kz, K, pad_rows_to);
+}
+
 std::vector<uint64_t> unique_keys(const std::vector<uint64_t>& sorted) {
   std::vector<uint64_t> out;
   out.reserve(sorted.size());
@@ -394,13 +408,15 @@ std::tuple<at::Tensor, at::Tensor> kmap_downsample_cpu(const at::Tensor& coords_
   int64_t range_buf[3];
   const int64_t* range = checked_range(out_range, range_buf);
   const int64_t K = g.volume();
+  const Rules reach(g, Relation::kReadBy, range);
+  if (auto grid = unit_taps_on_grid(coords, reach, minkowski, K, pad_rows_to)) return std::move(*grid);
   // Every input must be packable and unique, also those whose outputs are clipped or in range
   // only because of the division.
   check_coords_unique(coords);
 
   // spconv: the outputs are exactly what the inputs reach; minkowski: floor(p / s), joined with
   // what the inputs reach (an output cell is claimed once unless coordinates repeat).
-  const auto reached = collect(coords, Rules(g, Relation::kReadBy, range), K, !minkowski);
+  const auto reached = collect(coords, reach, K, !minkowski);
   if (!minkowski) return reached_outputs(reached, K, pad_rows_to, coords.options());
   const auto out_keys = unique_keys(collect(coords, Rules(g, Relation::kFloor, nullptr), K, true).keys);
   check_rows(static_cast<int64_t>(out_keys.size()), "the new coordinate set");
