@@ -56,6 +56,25 @@ def test_fetch_on_demand_rejects_out_of_range_indices(subm, which, value, messag
         ops.fetch_on_demand_wgrad(feats, torch.randn(kmap.num_out, 5), src, dst, p.offsets, p.identity)
 
 
+def test_out_of_range_destinations_that_still_ascend_are_rejected(subm):
+    """Ascending destinations are range-checked by each offset's first and last pair: an offset's
+    last destination raised to num_dst, or its first lowered to -1, keeps the order and must
+    still fail, for every offset (offsets that end where empty ones start included)."""
+    kmap, feats, weight = subm
+    p = kmap.pairs_sorted_by("out")
+    counts = p.offsets.diff()
+    for k in (k for k in range(len(counts)) if int(counts[k]) > 0):
+        for pos, value in ((int(p.offsets[k + 1]) - 1, kmap.num_out), (int(p.offsets[k]), -1)):
+            dst = p.out_idx.clone()
+            dst[pos] = value
+            for call in (lambda: ops.fetch_on_demand_forward(feats, weight, p.in_idx, dst, p.offsets, p.identity,
+                                                             kmap.num_out, False),
+                         lambda: ops.fetch_on_demand_wgrad(feats, torch.randn(kmap.num_out, 5), p.in_idx, dst,
+                                                           p.offsets, p.identity)):
+                with pytest.raises(RuntimeError, match=r"destination index is out of range|identity\[\d+\] is set"):
+                    call()
+
+
 def test_identity_flag_on_an_ordinary_offset_is_rejected(subm):
     kmap, feats, weight = subm
     p = kmap.pairs_sorted_by("out")

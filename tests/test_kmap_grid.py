@@ -87,3 +87,17 @@ def test_duplicates_raise_on_the_bitmap_path(num, threads, generator):
         with pytest.raises(RuntimeError, match=pattern):
             in_threads(threads, lambda: ops.kmap_downsample(coords, [2, 2, 2], [2, 2, 2], [1, 1, 1], [0, 0, 0],
                                                             mode, None, 128))
+
+
+@pytest.mark.parametrize("num, threads", [(3000, 1), (150000, 2)], ids=["serial", "parallel"])
+def test_duplicates_outside_the_clip_range_raise(num, threads, generator):
+    """A repeated input whose output is clipped claims no map cell: it must still be rejected."""
+    coords = dense_coords(generator, num, [0, 1], 45, low=0)
+    clipped = torch.nonzero(coords[:, 1] >= 40).flatten()  # outputs x >= 20, outside out_range 10
+    rows = clipped[torch.randperm(len(clipped), generator=generator)[:2]].sort().values.tolist()
+    coords[rows[1]] = coords[rows[0]]
+    c = coords[rows[0]].tolist()
+    with pytest.raises(RuntimeError, match=rf"duplicate coordinate \({c[0]}, {c[1]}, {c[2]}, {c[3]}\) at rows "
+                                           rf"{rows[0]} and {rows[1]}"):
+        in_threads(threads, lambda: ops.kmap_downsample(coords, [2, 2, 2], [2, 2, 2], [1, 1, 1], [0, 0, 0],
+                                                        "spconv", [10, 30, 30], 128))

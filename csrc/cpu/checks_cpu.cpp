@@ -12,10 +12,12 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "cpu_features.h"
 #include "kmap_common.h"
 
 namespace torchsparse_pp {
@@ -64,6 +66,51 @@ int64_t first_repeated_destination(const int32_t* dst, const int64_t* off, int64
   return first.load();
 }
 
+// One pass over the pairs: the source indices' bounds, and how often a destination does not
+// exceed the one before it (descents; at offset boundaries that is allowed).
+struct PairScan {
+  int32_t src_lo, src_hi;
+  int64_t descents;
+};
+
+TSPP_ROW_CLONES void scan_pair_range(const int32_t* src, const int32_t* dst, int64_t begin, int64_t end,
+                                     PairScan& out) {
+  int32_t lo = out.src_lo, hi = out.src_hi;
+  int64_t descents = 0;
+  for (int64_t j = begin; j < end; ++j) {
+    lo = std::min(lo, src[j]);
+    hi = std::max(hi, src[j]);
+  }
+  for (int64_t j = std::max<int64_t>(begin, 1); j < end; ++j) descents += dst[j] <= dst[j - 1];
+  out = {lo, hi, out.descents + descents};
+}
+
+PairScan scan_pairs(const int32_t* src, const int32_t* dst, int64_t n) {
+  PairScan all{std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min(), 0};
+  std::mutex merge;
+  at::parallel_for(0, n, 1 << 16, [&](int64_t begin, int64_t end) {
+    PairScan part{std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min(), 0};
+    scan_pair_range(src, dst, begin, end, part);
+    std::lock_guard<std::mutex> lock(merge);
+    all.src_lo = std::min(all.src_lo, part.src_lo);
+    all.src_hi = std::max(all.src_hi, part.src_hi);
+    all.descents += part.descents;
+  });
+  return all;
+}
+
+// Descents at the first pair of each offset (each position once: empty offsets share one).
+int64_t descents_between_offsets(const int32_t* dst, const int64_t* off, int64_t K) {
+  int64_t descents = 0, last = 0;
+  for (int64_t k = 1; k < K; ++k) {
+    const int64_t j = off[k];
+    if (j == last || j >= off[K]) continue;
+    last = j;
+    descents += dst[j] <= dst[j - 1];
+  }
+  return descents;
+}
+
 }  // namespace
 
 void check_feats(const at::Tensor& t, const char* name) {
@@ -94,7 +141,7 @@ std::pair<int64_t, int64_t> check_weight(const at::Tensor& weight, const at::Ten
   return {c_src, c_dst};
 }
 
-void check_pairs(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at::Tensor& offsets,
+bool check_pairs(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at::Tensor& offsets,
                  const at::Tensor& identity, int64_t K, int64_t num_src, int64_t num_dst) {
   TORCH_CHECK(src_idx.scalar_type() == at::kInt && dst_idx.scalar_type() == at::kInt &&
                   src_idx.dim() == 1 && src_idx.sizes() == dst_idx.sizes(),
@@ -111,18 +158,29 @@ void check_pairs(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at:
   check_rows(num_src, "the source (num_src)");
   check_rows(num_dst, "the destination (num_dst)");
   const int64_t* off = offsets.data_ptr<int64_t>();
-  TORCH_CHECK(off[0] == 0 && off[K] == src_idx.size(0), "offsets must start at 0 and end at the "
-              "number of pairs (", src_idx.size(0), "), got ", off[0], " and ", off[K]);
+  const int64_t n = src_idx.size(0);
+  TORCH_CHECK(off[0] == 0 && off[K] == n, "offsets must start at 0 and end at the "
+              "number of pairs (", n, "), got ", off[0], " and ", off[K]);
   for (int64_t k = 0; k < K; ++k)
     TORCH_CHECK(off[k] <= off[k + 1], "offsets must be non-decreasing, got offsets[", k, "] = ",
                 off[k], " > offsets[", k + 1, "] = ", off[k + 1]);
-  TORCH_CHECK(all_in_range(src_idx, 0, num_src), "a source index is out of range [0, ", num_src, ")");
-  TORCH_CHECK(all_in_range(dst_idx, 0, num_dst), "a destination index is out of range [0, ",
-              num_dst, ")");
-  // An identity offset skips gather and scatter, so its flag must really mean (j, j) for all j.
-  const bool* id = identity.data_ptr<bool>();
   const int32_t* src = src_idx.data_ptr<int32_t>();
   const int32_t* dst = dst_idx.data_ptr<int32_t>();
+  const PairScan scan = scan_pairs(src, dst, n);
+  const bool ascending = scan.descents == descents_between_offsets(dst, off, K);
+  TORCH_CHECK(n == 0 || (scan.src_lo >= 0 && scan.src_hi < num_src), "a source index is out of range [0, ",
+              num_src, ")");
+  // Ascending destinations are in range when each offset's first and last are.
+  bool dst_in_range = true;
+  if (ascending) {
+    for (int64_t k = 0; k < K; ++k)
+      if (off[k] < off[k + 1]) dst_in_range &= dst[off[k]] >= 0 && dst[off[k + 1] - 1] < num_dst;
+  } else {
+    dst_in_range = all_in_range(dst_idx, 0, num_dst);
+  }
+  TORCH_CHECK(dst_in_range, "a destination index is out of range [0, ", num_dst, ")");
+  // An identity offset skips gather and scatter, so its flag must really mean (j, j) for all j.
+  const bool* id = identity.data_ptr<bool>();
   for (int64_t k = 0; k < K; ++k) {
     if (!id[k]) continue;
     TORCH_CHECK(off[k + 1] - off[k] == num_src && num_src == num_dst, "identity[", k,
@@ -134,22 +192,15 @@ void check_pairs(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at:
     TORCH_CHECK(!mismatch, "identity[", k, "] is set but offset ", k, " does not map every row j to row j");
   }
   // Scatters within one offset run in parallel: a destination named twice would be a race.
-  const int64_t k = first_repeated_destination(dst, off, K, num_dst);
+  // Ascending destinations repeat none.
+  const int64_t k = ascending ? K : first_repeated_destination(dst, off, K, num_dst);
   TORCH_CHECK(k == K, "offset ", k, " pairs some destination row more than once; the pairs of one offset must "
               "name each destination at most once (as kmap_pairs builds them)");
+  return ascending;
 }
 
-void check_pairs_sorted_by_dst(const at::Tensor& dst_idx, const at::Tensor& offsets, int64_t K) {
-  const int32_t* dst = dst_idx.data_ptr<int32_t>();
-  const int64_t* off = offsets.data_ptr<int64_t>();
-  std::atomic<bool> sorted{true};
-  at::parallel_for(0, K, 1, [&](int64_t kb, int64_t ke) {
-    bool descending = false;
-    for (int64_t k = kb; k < ke; ++k)
-      for (int64_t j = off[k] + 1; j < off[k + 1]; ++j) descending |= dst[j] <= dst[j - 1];
-    if (descending) sorted = false;
-  });
-  TORCH_CHECK(sorted.load(), "fetch-on-demand needs the pairs of each offset sorted by destination "
+void require_pairs_sorted_by_dst(bool ascending) {
+  TORCH_CHECK(ascending, "fetch-on-demand needs the pairs of each offset sorted by destination "
               "(unique, ascending), as kmap_pairs returns them");
 }
 

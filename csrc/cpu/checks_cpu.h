@@ -20,12 +20,15 @@ std::pair<int64_t, int64_t> check_weight(const at::Tensor& weight, const at::Ten
                                          bool transpose_weight);
 
 // Weight-stationary pairs: offsets [K + 1] bound the pairs of each offset, indices lie in
-// [0, num_src) and [0, num_dst), and identity[k] really means pairs (j, j) for every row.
-void check_pairs(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at::Tensor& offsets,
+// [0, num_src) and [0, num_dst), no offset names a destination twice, and identity[k] really
+// means pairs (j, j) for every row. Returns whether the destinations ascend within every offset
+// (the order kmap_pairs produces; one pass over the pairs checks all of this then).
+bool check_pairs(const at::Tensor& src_idx, const at::Tensor& dst_idx, const at::Tensor& offsets,
                  const at::Tensor& identity, int64_t K, int64_t num_src, int64_t num_dst);
 
-// Destinations ascend within each offset (the order kmap_pairs produces).
-void check_pairs_sorted_by_dst(const at::Tensor& dst_idx, const at::Tensor& offsets, int64_t K);
+// Raises unless check_pairs found the destinations ascending within each offset (what
+// fetch-on-demand's forward relies on).
+void require_pairs_sorted_by_dst(bool ascending);
 
 // Output-stationary table [rows >= num_rows, K] with entries in [-1, num_src).
 void check_table(const at::Tensor& table, int64_t num_rows, int64_t K, int64_t num_src);

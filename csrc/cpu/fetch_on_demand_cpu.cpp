@@ -15,8 +15,8 @@ at::Tensor fetch_on_demand_forward_cpu(const at::Tensor& feats_in, const at::Ten
                                        int64_t num_dst, bool transpose_weight) {
   check_feats(feats_in, "feats");
   check_weight(weight_in, feats_in, transpose_weight);
-  check_pairs(src_idx, dst_idx, offsets, identity, weight_in.size(0), feats_in.size(0), num_dst);
-  check_pairs_sorted_by_dst(dst_idx, offsets, weight_in.size(0));
+  require_pairs_sorted_by_dst(
+      check_pairs(src_idx, dst_idx, offsets, identity, weight_in.size(0), feats_in.size(0), num_dst));
   const auto feats = feats_in.contiguous();
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, feats.scalar_type(), "fetch_on_demand_forward_cpu", [&] {
@@ -48,8 +48,8 @@ at::Tensor fetch_on_demand_forward_fused_cpu(const at::Tensor& feats_in, const a
                                              const std::optional<at::Tensor>& residual, bool relu) {
   check_feats(feats_in, "feats");
   check_weight(weight_in, feats_in, false);
-  check_pairs(src_idx, dst_idx, offsets, identity, weight_in.size(0), feats_in.size(0), num_dst);
-  check_pairs_sorted_by_dst(dst_idx, offsets, weight_in.size(0));
+  require_pairs_sorted_by_dst(
+      check_pairs(src_idx, dst_idx, offsets, identity, weight_in.size(0), feats_in.size(0), num_dst));
   const int64_t c_dst = weight_in.size(2);
   Epilogue epilogue;
   epilogue.relu = relu;

@@ -128,10 +128,10 @@ TSPP_ROW_CLONES void cells_of_rows(const OutputGrid g, const int32_t* __restrict
   }
 }
 
-// Sets the bits of rows [begin, end)'s cells. Bits of one word are gathered in a register
+// Sets the bits of rows [begin, end)'s cells; returns how many rows reach no cell. Bits of one word are gathered in a register
 // while consecutive rows hit it (sorted inputs mostly do): an or into memory per row would chain
 // each row to the previous one's store.
-void mark_cells(const uint32_t* cell, int64_t begin, int64_t end, uint64_t* occupied, bool atomic) {
+int64_t mark_cells(const uint32_t* cell, int64_t begin, int64_t end, uint64_t* occupied, bool atomic) {
   int64_t word = -1;
   uint64_t bits = 0;
   const auto flush = [&] {
@@ -141,8 +141,12 @@ void mark_cells(const uint32_t* cell, int64_t begin, int64_t end, uint64_t* occu
     else
       occupied[word] |= bits;
   };
+  int64_t unreached = 0;
   for (int64_t i = begin; i < end; ++i) {
-    if (cell[i] == kNoCell) continue;
+    if (cell[i] == kNoCell) {
+      ++unreached;
+      continue;
+    }
     const int64_t w = cell[i] >> 6;
     if (w != word) {
       flush();
@@ -152,6 +156,7 @@ void mark_cells(const uint32_t* cell, int64_t begin, int64_t end, uint64_t* occu
     bits |= uint64_t(1) << (cell[i] & 63);
   }
   flush();
+  return unreached;
 }
 
 // rank[w]: the set bits before word w, the row of its first output; returns all set bits.
@@ -220,7 +225,8 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> downsample_on_grid(const at::T
   const int64_t cells = int64_t(grid->dim[0]) * grid->dim[1] * grid->dim[2] * grid->dim[3];
   const int64_t words = (cells + 63) / 64;
   const bool parallel = n >= 2 * kGridGrain && at::get_num_threads() > 1;
-  // In parallel, two rows claiming one map cell could race unseen: duplicates are ruled out first.
+  // In parallel, two rows claiming one map cell could race unseen: duplicates are ruled out first
+  // (serially, claiming a cell twice reveals them).
   if (parallel) check_coords_unique(coords);
   const int64_t grain = parallel ? kGridGrain : n;  // n: one chunk, on this thread
   check_memory(words * (sizeof(uint64_t) + sizeof(uint32_t)) + n * (sizeof(uint32_t) + sizeof(uint8_t)),
@@ -229,10 +235,13 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> downsample_on_grid(const at::T
   auto cell = std::make_unique_for_overwrite<uint32_t[]>(n);
   auto tap = std::make_unique_for_overwrite<uint8_t[]>(n);
   std::vector<uint64_t> occupied(words, 0);
+  std::atomic<int64_t> unreached{0};
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
     cells_of_rows(*grid, c, begin, end, cell.get(), tap.get());
-    mark_cells(cell.get(), begin, end, occupied.data(), parallel);
+    unreached += mark_cells(cell.get(), begin, end, occupied.data(), parallel);
   });
+  // Map cells catch duplicates among the rows that reach an output; clipped rows must be unique too.
+  if (!parallel && unreached.load() > 0) check_coords_unique(coords);
   auto rank = std::make_unique_for_overwrite<uint32_t[]>(words);
   const int64_t outputs = rank_words(occupied.data(), words, rank.get());
   check_rows(outputs, "the new coordinate set");
