@@ -83,6 +83,40 @@ def mm_rates(threads: int, n: int = 2048, repeats: int = 5,
     return out
 
 
+def mm_tasks(threads: int, n: int = 2048, calls: int = 3,
+             dtypes: Sequence[str] = ("float32", "bfloat16")) -> Tuple[Dict[str, Tuple[Callable, None]], float]:
+    """interleaved_times tasks "torch.mm-<dtype>" that run ``calls`` n x n torch.mm at ``threads``
+    threads, and the FLOPs of one task call: timed round-robin with the workloads they are the
+    roofline of, so that the machine's drift hits both alike (mm_rates_from turns their times
+    into rates). bfloat16 is left out where ATen has no oneDNN bf16 GEMM (see mm_rates)."""
+    from torchsparse_pp.utils import cpu_bf16
+
+    tasks = {}
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        if dtype == torch.bfloat16 and not cpu_bf16.ONEDNN_BF16:
+            continue
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+
+        def run(a=a, b=b):
+            with num_threads(threads):
+                for _ in range(calls):
+                    a @ b
+        tasks[f"torch.mm-{name}"] = (run, None)
+    return tasks, calls * 2.0 * n ** 3
+
+
+def mm_rates_from(times: Dict[str, Dict[str, object]], flops: float,
+                  dtypes: Sequence[str] = ("float32", "bfloat16")) -> Dict[str, float]:
+    """FLOP/s per dtype from the median times of mm_tasks' tasks (bfloat16 without its own task:
+    the float32 rate, as in mm_rates)."""
+    out = {}
+    for name in dtypes:
+        task = times.get(f"torch.mm-{name}")
+        out[name] = flops / task["median_s"] if task is not None else out["float32"]
+    return out
+
+
 def interleaved_times(tasks: Dict[str, Tuple[Callable, Optional[Callable[[], object]]]], repeats: int,
                       warmup: int = 1, on_round: Optional[Callable[[], object]] = None
                       ) -> Dict[str, Dict[str, object]]:

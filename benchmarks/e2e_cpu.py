@@ -24,8 +24,10 @@ weights and BatchNorm statistics many voxels' top logits nearly tie, so this is 
 agreement of a trained model, the issue's >= 99 % target, is a test, tests/test_bf16_agreement.py).
 
 Roofline: the network's conv MACs (every Conv3d: pairs x C_in x C_out, 1x1x1 convs N x C_in x
-C_out; counted on the timed input) at the rate of torch.mm on 2048 x 2048 matrices in the same
-run and thread count (float32, or bfloat16 for the bf16 rows); a training step counts 3x the MACs
+C_out; counted on the timed input) at the rate of torch.mm on 2048 x 2048 matrices at the same
+thread count (float32, or bfloat16 for the bf16 rows), timed as one more task of the same
+round-robin rounds as the model (its median rate per model and mode), so that the machine's
+drift during a run moves the roofline with the times it is compared to; a training step counts 3x the MACs
 (forward, dgrad, wgrad). "of roofline" = t_roofline / t_ours (1.0 = the convs at the dense GEMM
 rate and nothing else).
 
@@ -54,7 +56,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (add_output_arguments, add_round_arguments, check_round_arguments, interleaved_times,  # noqa: E402
-                    load_average, machine_info, mm_rates, num_threads, output_dir, pyplot, save_figure,
+                    load_average, machine_info, mm_rates, mm_rates_from, mm_tasks, num_threads, output_dir, pyplot,
+                    save_figure,
                     write_json)
 from models import WORKLOADS, compare_outputs, patch_spconv_cpu_backward  # noqa: E402
 
@@ -175,7 +178,7 @@ def model_tasks(w, ours: Dict[str, Variant], optimizers, threads: int, mode: str
     return tasks
 
 
-def run_model(key: str, args, rates, bar) -> dict:
+def run_model(key: str, args, bar) -> dict:
     w = WORKLOADS[key]()
     ours = variants(key, w)
     correctness = check(w, ours)
@@ -185,11 +188,14 @@ def run_model(key: str, args, rates, bar) -> dict:
     optimizers["spconv"] = torch.optim.SGD(w.spconv.parameters(), lr=LR, momentum=MOMENTUM)
     row = {"model": w.name, "key": key, "voxels": int(len(w.coords)), "parameters": w.parameters,
            "conv_macs": macs, "correctness": correctness, "timings": {}, "roofline_s": {}}
+    row["mm_rate_flops"] = {}
     for mode in ("inference", "training"):
         bar.set_description(f"{w.name}: {mode}")
-        times = interleaved_times(model_tasks(w, ours, optimizers, args.threads, mode), args.repeats, args.warmup,
-                                  on_round=bar.update)
-        row["timings"][mode] = {k: v["median_s"] for k, v in times.items()}
+        mm, mm_flops = mm_tasks(args.threads)
+        times = interleaved_times({**model_tasks(w, ours, optimizers, args.threads, mode), **mm}, args.repeats,
+                                  args.warmup, on_round=bar.update)
+        rates = row["mm_rate_flops"][mode] = mm_rates_from(times, mm_flops)
+        row["timings"][mode] = {k: v["median_s"] for k, v in times.items() if k not in mm}
         factor = 3 if mode == "training" else 1
         row["roofline_s"][mode] = {dt: factor * 2.0 * macs / rate for dt, rate in rates.items()}
     row["summary"] = summarize(row)
@@ -312,13 +318,13 @@ def main(argv=None) -> int:
     report = {"benchmark": "e2e_cpu", "description": __doc__, "machine": machine_info(), "threads": args.threads,
               "repeats": args.repeats, "warmup": args.warmup, "cpu_bf16_dot": ops.cpu_bf16_dot(),
               "targets": TARGETS, "models": []}
-    report["mm_rate_flops"] = rates = mm_rates(args.threads)
+    report["mm_rate_flops_at_start"] = mm_rates(args.threads)  # for reference; rooflines use the in-round rates
     report["onednn_bf16"] = cpu_bf16.ONEDNN_BF16
     report["cpu_kernels"] = tsp_backends.cpu_kernels
     rounds = (len(keys) * 2 + (0 if args.no_maps else 1)) * (args.repeats + args.warmup)
     with tqdm(total=rounds, unit="round", file=sys.stderr) as bar:
         for key in keys:
-            report["models"].append(run_model(key, args, rates, bar))
+            report["models"].append(run_model(key, args, bar))
             write_json(os.path.join(out, "e2e_cpu.json"), report)
         if not args.no_maps:
             report["kernel_maps"] = run_maps(args, bar)
@@ -337,8 +343,9 @@ def print_report(report) -> None:
           f"register kernels: {report['cpu_kernels']}, bf16 dot kernels: {report['cpu_bf16_dot']}; "
           f"load {m['loadavg_at_start']} -> {m['loadavg_at_end']}")
     bf16_note = "" if report["onednn_bf16"] else " (ATen's bf16 GEMM is emulated on this CPU: the float32 rate)"
-    print(f"torch.mm 2048^2: float32 {report['mm_rate_flops']['float32'] / 1e9:.0f} GFLOP/s, bfloat16 "
-          f"{report['mm_rate_flops']['bfloat16'] / 1e9:.0f} GFLOP/s{bf16_note}; median of {report['repeats']} rounds")
+    start = report["mm_rate_flops_at_start"]
+    print(f"torch.mm 2048^2 at the start: float32 {start['float32'] / 1e9:.0f} GFLOP/s, bfloat16 "
+          f"{start['bfloat16'] / 1e9:.0f} GFLOP/s{bf16_note} (rooflines: the rate in each model's rounds)")
     for row in report["models"]:
         print(f"\n{row['model']}: {row['voxels']} voxels, {row['conv_macs'] / 1e9:.2f} GMAC of convs; "
               + ", ".join(f"{k} {v:.1e}" for k, v in row["correctness"]["output_rel_err"].items())
@@ -346,9 +353,10 @@ def print_report(report) -> None:
                  "near-tied logits; a trained model's: tests/test_bf16_agreement.py)"
                  if "bf16_argmax_agreement" in row["correctness"] else ""))
         for mode, times in row["timings"].items():
-            roof = row["roofline_s"][mode]
+            roof, rate = row["roofline_s"][mode], row["mm_rate_flops"][mode]
             print(f"  {mode:9s} ms: " + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in times.items())
-                  + f"; roofline fp32 {roof['float32'] * 1e3:.0f}, bf16 {roof['bfloat16'] * 1e3:.0f}")
+                  + f"; roofline fp32 {roof['float32'] * 1e3:.0f}, bf16 {roof['bfloat16'] * 1e3:.0f} "
+                  f"(torch.mm {rate['float32'] / 1e9:.0f} / {rate['bfloat16'] / 1e9:.0f} GFLOP/s in these rounds)")
         print("  " + ", ".join(f"{k} {v:.2f}" for k, v in row["summary"].items()))
     if "kernel_maps" in report:
         km = report["kernel_maps"]
