@@ -160,7 +160,6 @@ struct Candidates {
 // q = (p + pad) >> shift through tap (p + pad) & mask, with no table, so that a loop over rows
 // keeps all three axes in registers. With a clip range, q counts only in [0, range).
 struct UnitTapAxis : ShiftAxis {
-
   static bool applies(const AxisRule& a) {
     if (!a.single || a.shift < 0) return false;
     for (int64_t r = 0; r < a.s; ++r)
