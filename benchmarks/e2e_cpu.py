@@ -27,8 +27,8 @@ Roofline: the network's conv MACs (every Conv3d: pairs x C_in x C_out, 1x1x1 con
 C_out; counted on the timed input) at the rate of torch.mm on 2048 x 2048 matrices at the same
 thread count (float32, or bfloat16 for the bf16 rows), timed as one more task of the same
 round-robin rounds as the model (its median rate per model and mode), so that the machine's
-drift during a run moves the roofline with the times it is compared to; a training step counts 3x the MACs
-(forward, dgrad, wgrad). "of roofline" = t_roofline / t_ours (1.0 = the convs at the dense GEMM
+drift during a run moves the roofline with the times it is compared to; a training step counts
+3x the MACs (forward, dgrad, wgrad). "of roofline" = t_roofline / t_ours (1.0 = the convs at the dense GEMM
 rate and nothing else).
 
 Kernel maps (MinkUNet: submanifold 3^3 at tensor strides 1-16, k2 s2 downsamples 1->2 ... 8->16;

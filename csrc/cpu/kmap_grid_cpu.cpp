@@ -48,13 +48,19 @@ TSPP_ROW_CLONES void bound_rows(const int32_t* c, int64_t begin, int64_t end, Co
   out = b;
 }
 
+// Bounds that any row narrows.
+ColumnBounds empty_bounds() {
+  ColumnBounds b;
+  std::fill(b.lo, b.lo + 4, std::numeric_limits<int32_t>::max());
+  std::fill(b.hi, b.hi + 4, std::numeric_limits<int32_t>::min());
+  return b;
+}
+
 ColumnBounds column_bounds(const int32_t* c, int64_t n) {
-  ColumnBounds all;
-  std::fill(all.lo, all.lo + 4, std::numeric_limits<int32_t>::max());
-  std::fill(all.hi, all.hi + 4, std::numeric_limits<int32_t>::min());
+  ColumnBounds all = empty_bounds();
   std::mutex merge;
   at::parallel_for(0, n, kGridGrain, [&](int64_t begin, int64_t end) {
-    ColumnBounds part = all;
+    ColumnBounds part = empty_bounds();  // not a copy of `all`, which other chunks may be merging into
     bound_rows(c, begin, end, part);
     std::lock_guard<std::mutex> lock(merge);
     for (int j = 0; j < 4; ++j) {
@@ -128,9 +134,9 @@ TSPP_ROW_CLONES void cells_of_rows(const OutputGrid g, const int32_t* __restrict
   }
 }
 
-// Sets the bits of rows [begin, end)'s cells; returns how many rows reach no cell. Bits of one word are gathered in a register
-// while consecutive rows hit it (sorted inputs mostly do): an or into memory per row would chain
-// each row to the previous one's store.
+// Sets the bits of rows [begin, end)'s cells; returns how many rows reach no cell. Bits of one
+// word are gathered in a register while consecutive rows hit it (sorted inputs mostly do): an or
+// into memory per row would chain each row to the previous one's store.
 int64_t mark_cells(const uint32_t* cell, int64_t begin, int64_t end, uint64_t* occupied, bool atomic) {
   int64_t word = -1;
   uint64_t bits = 0;
