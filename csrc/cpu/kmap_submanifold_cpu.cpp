@@ -83,16 +83,18 @@ at::Tensor kmap_submanifold_cpu(const at::Tensor& coords_in, at::IntArrayRef ker
           if (high < 0) continue;
           const auto lowest = static_cast<uint64_t>(std::max<int64_t>(low, 0));
           while (j < n && keys[j] < lowest) ++j;
+          if (j == n || keys[j] > static_cast<uint64_t>(high)) continue;
+          // x and y are the same for the whole column: a carry out of z is the only other case.
+          if (!spatial_in_range(field(key, 32) + col.dx) || !spatial_in_range(field(key, 16) + col.dy)) continue;
+          const int64_t z = field(key, 0);
+          int32_t* row_i = m + static_cast<int64_t>(rows[i]) * K;
           for (int64_t t = j; t < n && keys[t] <= static_cast<uint64_t>(high); ++t) {
             const int64_t rel = static_cast<int64_t>(keys[t]) - low;
             if (dz_step != 1 && rel % dz_step != 0) continue;
             const int64_t l = dz_step == 1 ? rel : rel / dz_step, k = col.k0 + l;
             if (k >= merged) break;  // the rest of the column is mirrored (or the centre)
-            const int64_t dz = col.dz0 + l * dz_step;
-            if (!spatial_in_range(field(key, 32) + col.dx) || !spatial_in_range(field(key, 16) + col.dy) ||
-                !spatial_in_range(field(key, 0) + dz))
-              continue;  // a carry between fields: not a neighbour
-            m[static_cast<int64_t>(rows[i]) * K + k] = rows[t];
+            if (!spatial_in_range(z + col.dz0 + l * dz_step)) continue;  // a carry between fields
+            row_i[k] = rows[t];
             if (symmetric) m[static_cast<int64_t>(rows[t]) * K + (K - 1 - k)] = rows[i];
           }
         }
