@@ -13,10 +13,11 @@ from dataflow_cases import lidar_scene, oracle_errors
 CONFIGS = [ConvConfig("fetch_on_demand"), ConvConfig("implicit_gemm", sorted=True, split_mask_num=2),
            ConvConfig("implicit_gemm", sorted=False, split_mask_num=0)]
 # Narrow W (the AVX2 narrow kernel's K <= 12 / <= 6), odd K, a masked last vector, > 16 columns,
-# the AVX2 one-pass kernel's 1-4 vectors of output columns (forward and dgrad, masked and not),
-# and widths at and above the AVX2 register weight gradient's 128 x 64 limit.
-CHANNELS = [(4, 16), (5, 7), (12, 8), (16, 16), (20, 8), (24, 29), (19, 70), (32, 32), (40, 33), (64, 128),
-            (96, 96)]
+# the AVX2 one-pass kernel's 1-4 vectors of output columns (forward and dgrad, masked and not)
+# and its two blocks for 48 and 64, and widths at and above the AVX2 register weight gradient's
+# 128 x 64 limit.
+CHANNELS = [(4, 16), (5, 7), (12, 8), (16, 16), (20, 8), (24, 29), (19, 70), (32, 32), (48, 64), (40, 33),
+            (64, 128), (96, 96)]
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 

@@ -242,15 +242,15 @@ constexpr int kOnePassRows = NV == 1 ? 12 : NV == 2 ? 6 : NV == 3 ? 4 : 3;
 // Groups ahead whose source and destination rows the one-pass kernel fetches.
 constexpr int64_t kOnePassAhead = 8;
 
-// Outputs of at most 4 vectors (32 columns) in one pass over each group of pairs: the group's
-// row pointers stay in registers and no call or pointer array sits between groups (for 16- and
-// 32-channel layers these cost about as much as the products: 1.1-1.35x faster per layer on a
-// Zen 3; 48 columns as 2 rows x 6 vectors, or 3 passes inline, were not faster than
-// pair_groups). Sums as rows_kernel sums them.
+// `blocks` blocks of NV vectors (NV <= 4) of output columns over each group of pairs, one after
+// the other: the group's row pointers stay in registers and no call or pointer array sits
+// between groups (for 16- and 32-channel layers these cost about as much as the products:
+// 1.1-1.35x faster per layer on a Zen 3; 48 columns as 2 rows x 6 vectors were slower).
+// Sums as rows_kernel sums them.
 template <int NV, bool Masked>
 TSPP_AVX2_TARGET void one_pass_kernel(int64_t groups, const int32_t* src, const int32_t* dst, const float* feats,
                                       int64_t ldf, int64_t K, const float* W, int64_t N, float* out, int64_t ldo,
-                                      int last, bool accumulate) {
+                                      int last, bool accumulate, int64_t blocks = 1) {
   constexpr int MR = kOnePassRows<NV>;
   const __m256i tail = lanes_below(last);
   for (int64_t g = 0; g < groups; ++g, src += MR, dst += MR) {
@@ -264,12 +264,13 @@ TSPP_AVX2_TARGET void one_pass_kernel(int64_t groups, const int32_t* src, const 
     const float* a[MR];
 #pragma GCC unroll 12
     for (int m = 0; m < MR; ++m) a[m] = feats + static_cast<int64_t>(src[m]) * ldf;
+    for (int64_t n0 = 0; n0 < blocks * NV * kLanes; n0 += NV * kLanes) {
     __m256 acc[MR][NV];
 #pragma GCC unroll 12
     for (int m = 0; m < MR; ++m)
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_setzero_ps();
-    const float* w = W;
+    const float* w = W + n0;
     for (int64_t k = 0; k < K; ++k, w += N) {
       if constexpr (NV * (MR + 1) + 1 <= 16) {  // the row's vectors of W, then one broadcast at a time
         __m256 b[NV];
@@ -295,25 +296,29 @@ TSPP_AVX2_TARGET void one_pass_kernel(int64_t groups, const int32_t* src, const 
     }
 #pragma GCC unroll 12
     for (int m = 0; m < MR; ++m)
-      store_row<NV, Masked>(acc[m], out + static_cast<int64_t>(dst[m]) * ldo, tail, accumulate);
+      store_row<NV, Masked>(acc[m], out + static_cast<int64_t>(dst[m]) * ldo + n0, tail, accumulate);
+    }
   }
 }
 
-// Pairs whose output fits one pass, by full groups; returns how many pairs it took (the rest,
-// fewer than a group, go through the general path).
+// Pairs whose output the one-pass kernel takes (<= 32, 48 or 64 columns), by full groups;
+// returns how many pairs it took (the rest, fewer than a group, go through pair_groups).
 int64_t one_pass_pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t ldf,
                            int64_t K, const float* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
-  if (N > 4 * kLanes) return 0;
+  // 48 and 64 columns: two blocks of 3 or 4 vectors per group (2-10 % faster per layer than
+  // pair_groups' passes of 16; at 128 columns, four blocks were not).
+  const int64_t blocks = N == 48 || N == 64 ? 2 : 1;
+  if (N > 4 * kLanes * blocks) return 0;
   int64_t taken = 0;
   const auto run = [&](auto nv, auto masked) {
     constexpr int NV = decltype(nv)::value;
     const int64_t groups = count / kOnePassRows<NV>;
-    one_pass_kernel<NV, decltype(masked)::value>(groups, src, dst, feats, ldf, K, W, N, out, ldo, last_lanes(N),
-                                                 accumulate);
+    one_pass_kernel<NV, decltype(masked)::value>(groups, src, dst, feats, ldf, K, W, N, out, ldo,
+                                                 last_lanes(N / blocks), accumulate, blocks);
     taken = groups * kOnePassRows<NV>;
   };
   const bool masked = N % kLanes != 0;
-  switch ((N + kLanes - 1) / kLanes) {
+  switch ((N / blocks + kLanes - 1) / kLanes) {
     case 1: masked ? run(Int<1>{}, Bool<true>{}) : run(Int<1>{}, Bool<false>{}); break;
     case 2: masked ? run(Int<2>{}, Bool<true>{}) : run(Int<2>{}, Bool<false>{}); break;
     case 3: masked ? run(Int<3>{}, Bool<true>{}) : run(Int<3>{}, Bool<false>{}); break;
