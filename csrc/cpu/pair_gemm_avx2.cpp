@@ -53,6 +53,35 @@ TSPP_AVX2_TARGET inline void store_row(const __m256 (&acc)[NV], float* row, __m2
   }
 }
 
+// acc[m] += a[m][k] * w[0 .. NV vectors) for MR rows: one step of k. With the row's vectors of W
+// and one broadcast at a time when they fit the 16 registers, else all broadcasts and one vector
+// of W at a time.
+template <int MR, int NV, bool Masked>
+TSPP_AVX2_TARGET inline __attribute__((always_inline)) void fma_step(__m256 (&acc)[MR][NV], const float* const* a,
+                                                                    int64_t k, const float* w, __m256i tail) {
+  if constexpr (NV * (MR + 1) + 1 <= 16) {
+    __m256 b[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) b[v] = load_vector<NV, Masked>(w, v, tail);
+#pragma GCC unroll 12
+    for (int m = 0; m < MR; ++m) {
+      const __m256 x = _mm256_broadcast_ss(a[m] + k);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_fmadd_ps(x, b[v], acc[m][v]);
+    }
+  } else {
+    __m256 x[MR];
+#pragma GCC unroll 12
+    for (int m = 0; m < MR; ++m) x[m] = _mm256_broadcast_ss(a[m] + k);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __m256 b = load_vector<NV, Masked>(w, v, tail);
+#pragma GCC unroll 12
+      for (int m = 0; m < MR; ++m) acc[m][v] = _mm256_fmadd_ps(x[m], b, acc[m][v]);
+    }
+  }
+}
+
 // out_rows[m] (+)= sum_j a_rows[j * kRows + m][:K] @ W_terms[j] (rows of ldw floats) for MR rows
 // and NV vectors of columns, the sums in registers across all terms.
 template <int MR, int NV, bool Masked>
@@ -67,17 +96,7 @@ TSPP_AVX2_TARGET void rows_kernel(int64_t terms, const float* const* a_rows, int
   for (int64_t j = 0; j < terms; ++j) {
     const float* const* a = a_rows + j * kRows;
     const float* w = W_terms[j];
-    for (int64_t k = 0; k < K; ++k, w += ldw) {
-      __m256 b[NV];
-#pragma GCC unroll 2
-      for (int v = 0; v < NV; ++v) b[v] = load_vector<NV, Masked>(w, v, tail);
-#pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) {
-        const __m256 x = _mm256_broadcast_ss(a[m] + k);
-#pragma GCC unroll 2
-        for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_fmadd_ps(x, b[v], acc[m][v]);
-      }
-    }
+    for (int64_t k = 0; k < K; ++k, w += ldw) fma_step<MR, NV, Masked>(acc, a, k, w, tail);
   }
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m) store_row<NV, Masked>(acc[m], out_rows[m], tail, accumulate);
@@ -271,29 +290,7 @@ TSPP_AVX2_TARGET void one_pass_kernel(int64_t groups, const int32_t* src, const 
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_setzero_ps();
     const float* w = W + n0;
-    for (int64_t k = 0; k < K; ++k, w += N) {
-      if constexpr (NV * (MR + 1) + 1 <= 16) {  // the row's vectors of W, then one broadcast at a time
-        __m256 b[NV];
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) b[v] = load_vector<NV, Masked>(w, v, tail);
-#pragma GCC unroll 12
-        for (int m = 0; m < MR; ++m) {
-          const __m256 x = _mm256_broadcast_ss(a[m] + k);
-#pragma GCC unroll 4
-          for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_fmadd_ps(x, b[v], acc[m][v]);
-        }
-      } else {  // all broadcasts, then one vector of W at a time: 16 registers in all
-        __m256 x[MR];
-#pragma GCC unroll 12
-        for (int m = 0; m < MR; ++m) x[m] = _mm256_broadcast_ss(a[m] + k);
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) {
-          const __m256 b = load_vector<NV, Masked>(w, v, tail);
-#pragma GCC unroll 12
-          for (int m = 0; m < MR; ++m) acc[m][v] = _mm256_fmadd_ps(x[m], b, acc[m][v]);
-        }
-      }
-    }
+    for (int64_t k = 0; k < K; ++k, w += N) fma_step<MR, NV, Masked>(acc, a, k, w, tail);
 #pragma GCC unroll 12
     for (int m = 0; m < MR; ++m)
       store_row<NV, Masked>(acc[m], out + static_cast<int64_t>(dst[m]) * ldo + n0, tail, accumulate);
