@@ -96,3 +96,22 @@ def test_avx2_float32_kernels_are_bit_identical_to_avx512(restore_cpu_kernels, g
         else:
             err = float((a[2] - b[2]).abs().max() / b[2].abs().max())
             assert 0 < b[2].abs().max() and err < TOLERANCE[torch.float32], (config, err)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_zero_output_channels_give_empty_outputs(restore_cpu_kernels, gen, dtype):
+    """C_out = 0 on every instruction set and dataflow: an [N, 0] output, a zero input gradient
+    and an empty weight gradient (the AVX2 kernels once divided by their number of 16-column
+    passes, 0, and the one-pass kernel wrote a full vector per row)."""
+    coords = lidar_scene(int(torch.randint(0, 4, (1,), generator=gen)))
+    for isa in tsp.backends.available_cpu_kernels():
+        tsp.backends.cpu_kernels = isa
+        for config in CONFIGS + [ConvConfig("gather_scatter")]:
+            for c_in in (5, 16, 48):
+                feats = torch.randn(len(coords), c_in, generator=gen).to(dtype).requires_grad_(True)
+                weight = torch.randn(27, c_in, 0, generator=gen).to(dtype).requires_grad_(True)
+                y = tsp.nn.functional.conv3d(tsp.SparseTensor(feats, coords), weight, 3, config=config)
+                assert y.F.shape == (len(coords), 0) and y.F.dtype == dtype, (isa, config, c_in)
+                y.F.sum().backward()
+                assert torch.equal(feats.grad, torch.zeros_like(feats)), (isa, config, c_in)
+                assert weight.grad.shape == weight.shape, (isa, config, c_in)

@@ -168,7 +168,7 @@ std::vector<Segment> segments(const Plan& plan) {
 
 // Offsets per im2col block for `rows` rows of `channels` channels.
 int64_t offsets_per_block(int64_t rows, int64_t channels) {
-  return std::max<int64_t>(1, kIm2colValues / (rows * channels));
+  return std::max<int64_t>(1, kIm2colValues / std::max<int64_t>(1, rows * channels));  // channels may be 0
 }
 
 Plan make_plan(const at::Tensor& bounds, const at::Tensor& order, const at::Tensor& tile_masks,

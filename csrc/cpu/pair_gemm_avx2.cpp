@@ -368,6 +368,7 @@ TSPP_AVX2_TARGET void group_kernel(int64_t count, const float* const* x_rows, co
 
 void pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t ldf, int64_t K,
                const float* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
+  if (N < 1) return;  // no output columns (a C_out = 0 conv): nothing to write
   if (narrow_pair_gemm(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate)) return;
   const int64_t taken = one_pass_pair_gemm(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate);
   count -= taken;
@@ -379,6 +380,7 @@ void pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const floa
 
 void pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, const c10::BFloat16* feats, int64_t ldf,
                int64_t K, const float* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
+  if (N < 1) return;
   float* widened = scratch<float, 6>(kRows * K);
   pair_groups(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate, [&](int64_t i, int64_t m) {
     widen(feats + static_cast<int64_t>(src[i]) * ldf, K, widened + m * K);
@@ -409,6 +411,7 @@ void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, 
 
 void pair_wgrad(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t c_src,
                 const float* grad, int64_t c_dst, float* dw, bool accumulate) {
+  if (c_src < 1 || c_dst < 1) return;  // an empty weight
   if (!accumulate) std::fill(dw, dw + c_src * c_dst, 0.0f);
   const int64_t group = wgrad_group_pairs(c_src, c_dst);
   int64_t blocks = 0;
