@@ -1,7 +1,8 @@
 // The AVX2 + FMA register kernels of pair_gemm_avx2.h. Compiled for the baseline ISA; the kernels
 // carry their own target attribute and run only after the CPU check. A vector holds 8 floats and
-// there are 16 vector registers, so a pass keeps 6 rows x 2 vectors of sums (16 output columns);
-// wider outputs take one pass per 16 columns, re-reading the rows from L1.
+// there are 16 vector registers, so a pass keeps 12 sums: 6 rows x 2 vectors (16 output columns)
+// in general, one pass per 16 columns re-reading the rows from L1; fetch-on-demand outputs of up
+// to 32 columns (and 48, 64) take 12 / NV rows x NV vectors in one loop (one_pass_kernel).
 #include "pair_gemm_avx2.h"
 
 #include <immintrin.h>
@@ -269,7 +270,7 @@ constexpr int64_t kOnePassAhead = 8;
 template <int NV, bool Masked>
 TSPP_AVX2_TARGET void one_pass_kernel(int64_t groups, const int32_t* src, const int32_t* dst, const float* feats,
                                       int64_t ldf, int64_t K, const float* W, int64_t N, float* out, int64_t ldo,
-                                      int last, bool accumulate, int64_t blocks = 1) {
+                                      int last, bool accumulate, int64_t blocks) {
   constexpr int MR = kOnePassRows<NV>;
   const __m256i tail = lanes_below(last);
   for (int64_t g = 0; g < groups; ++g, src += MR, dst += MR) {
@@ -284,16 +285,16 @@ TSPP_AVX2_TARGET void one_pass_kernel(int64_t groups, const int32_t* src, const 
 #pragma GCC unroll 12
     for (int m = 0; m < MR; ++m) a[m] = feats + static_cast<int64_t>(src[m]) * ldf;
     for (int64_t n0 = 0; n0 < blocks * NV * kLanes; n0 += NV * kLanes) {
-    __m256 acc[MR][NV];
+      __m256 acc[MR][NV];
 #pragma GCC unroll 12
-    for (int m = 0; m < MR; ++m)
+      for (int m = 0; m < MR; ++m)
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_setzero_ps();
-    const float* w = W + n0;
-    for (int64_t k = 0; k < K; ++k, w += N) fma_step<MR, NV, Masked>(acc, a, k, w, tail);
+        for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_setzero_ps();
+      const float* w = W + n0;
+      for (int64_t k = 0; k < K; ++k, w += N) fma_step<MR, NV, Masked>(acc, a, k, w, tail);
 #pragma GCC unroll 12
-    for (int m = 0; m < MR; ++m)
-      store_row<NV, Masked>(acc[m], out + static_cast<int64_t>(dst[m]) * ldo + n0, tail, accumulate);
+      for (int m = 0; m < MR; ++m)
+        store_row<NV, Masked>(acc[m], out + static_cast<int64_t>(dst[m]) * ldo + n0, tail, accumulate);
     }
   }
 }
