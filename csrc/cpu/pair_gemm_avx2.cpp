@@ -103,12 +103,12 @@ TSPP_AVX2_TARGET void rows_kernel(int64_t terms, const float* const* a_rows, int
   for (int m = 0; m < MR; ++m) store_row<NV, Masked>(acc[m], out_rows[m], tail, accumulate);
 }
 
-// Calls fn(Int<NV>, Bool<Masked>) for a block of `width` (1..16) columns.
-template <typename Fn>
+// Calls fn(Int<NV>, Bool<Masked>) for a block of `width` (1 .. 8 * MaxNV) columns.
+template <int MaxNV = 2, typename Fn>
 void with_block(int64_t width, Fn&& fn) {
   const bool masked = width % kLanes != 0;
-  if (width > kLanes) masked ? fn(Int<2>{}, Bool<true>{}) : fn(Int<2>{}, Bool<false>{});
-  else masked ? fn(Int<1>{}, Bool<true>{}) : fn(Int<1>{}, Bool<false>{});
+  with_constant<MaxNV>((width + kLanes - 1) / kLanes,
+                       [&](auto nv) { masked ? fn(nv, Bool<true>{}) : fn(nv, Bool<false>{}); });
 }
 
 // The lanes of the last vector of a block of `width` columns.
@@ -315,13 +315,7 @@ int64_t one_pass_pair_gemm(int64_t count, const int32_t* src, const int32_t* dst
                                                  last_lanes(N / blocks), accumulate, blocks);
     taken = groups * kOnePassRows<NV>;
   };
-  const bool masked = N % kLanes != 0;
-  switch ((N / blocks + kLanes - 1) / kLanes) {
-    case 1: masked ? run(Int<1>{}, Bool<true>{}) : run(Int<1>{}, Bool<false>{}); break;
-    case 2: masked ? run(Int<2>{}, Bool<true>{}) : run(Int<2>{}, Bool<false>{}); break;
-    case 3: masked ? run(Int<3>{}, Bool<true>{}) : run(Int<3>{}, Bool<false>{}); break;
-    default: masked ? run(Int<4>{}, Bool<true>{}) : run(Int<4>{}, Bool<false>{}); break;
-  }
+  with_block<4>(N / blocks, run);
   return taken;
 }
 
