@@ -69,17 +69,29 @@ def mm_rates(threads: int, n: int = 2048, repeats: int = 5,
     ("float32", "bfloat16"; float32 first), at ``threads`` threads. Where
     ATen's bfloat16 GEMM is its reference loop (no oneDNN bf16: AVX2 CPUs, ~1 GFLOP/s), the
     bfloat16 ceiling is the float32 rate: bf16 operands are multiplied in float32 there."""
-    from torchsparse_pp.utils import cpu_bf16
-
+    operands = mm_operands(n, dtypes)
     out = {}
     with num_threads(threads):
         for name in dtypes:
-            dtype = getattr(torch, name)
-            if dtype == torch.bfloat16 and not cpu_bf16.ONEDNN_BF16:
+            if name not in operands:
                 out[name] = out["float32"]
                 continue
-            a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+            a, b = operands[name]
             out[name] = 2.0 * n ** 3 / median_time(lambda: a @ b, repeats)["min_s"]
+    return out
+
+
+def mm_operands(n: int, dtypes: Sequence[str]) -> Dict[str, Tuple[torch.Tensor, torch.Tensor]]:
+    """Random n x n operands per dtype that has its own GEMM: bfloat16 only where ATen runs it
+    through oneDNN (elsewhere its rate is taken to be float32's, see mm_rates)."""
+    from torchsparse_pp.utils import cpu_bf16
+
+    out = {}
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        if dtype == torch.bfloat16 and not cpu_bf16.ONEDNN_BF16:
+            continue
+        out[name] = (torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype))
     return out
 
 
@@ -89,15 +101,8 @@ def mm_tasks(threads: int, n: int = 2048, calls: int = 3,
     threads, and the FLOPs of one task call: timed round-robin with the workloads they are the
     roofline of, so that the machine's drift hits both alike (mm_rates_from turns their times
     into rates). bfloat16 is left out where ATen has no oneDNN bf16 GEMM (see mm_rates)."""
-    from torchsparse_pp.utils import cpu_bf16
-
     tasks = {}
-    for name in dtypes:
-        dtype = getattr(torch, name)
-        if dtype == torch.bfloat16 and not cpu_bf16.ONEDNN_BF16:
-            continue
-        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-
+    for name, (a, b) in mm_operands(n, dtypes).items():
         def run(a=a, b=b):
             with num_threads(threads):
                 for _ in range(calls):
