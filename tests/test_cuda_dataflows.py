@@ -491,6 +491,22 @@ def test_autocast_runs_in_float16(config, gen):
     assert_finite(dgrad=feats.grad, wgrad=weight.grad)
 
 
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_zero_output_channels_give_empty_outputs(config, dtype, gen):
+    """C_out = 0 (the native CPU kernels once crashed here): an [N, 0] output, a zero input
+    gradient and an empty weight gradient, on every config and backend."""
+    coords = lidar_scene(0)
+    feats = torch.randn(len(coords), 16, generator=gen).to(DEVICE, dtype).requires_grad_(True)
+    weight = torch.randn(27, 16, 0, generator=gen).to(DEVICE, dtype).requires_grad_(True)
+    y = conv3d(tsp.SparseTensor(feats, coords.to(DEVICE)), weight, 3, config=CONFIGS[config])
+    assert y.F.shape == (len(coords), 0) and y.F.dtype == dtype
+    y.F.sum().backward()
+    torch.cuda.synchronize()
+    assert torch.equal(feats.grad, torch.zeros_like(feats))
+    assert weight.grad.shape == weight.shape
+
+
 # --------------------------------------------------------------------------------------------
 # 6. The gather_scatter ops against the CPU ops on the same pairs
 # --------------------------------------------------------------------------------------------

@@ -233,6 +233,20 @@ def test_offsets_without_pairs_get_zero_weight_gradient(config, gen):
     assert bool((dweight[dz == 0].abs().sum((1, 2)) > 0).all())
 
 
+@pytest.mark.parametrize("config", list(TRITON_CONFIGS))
+def test_zero_output_channels_give_empty_outputs(config, gen):
+    """C_out = 0: an [N, 0] output, a zero input gradient and an empty weight gradient (the
+    native CPU kernels once crashed here; tests/test_cpu_isa.py covers them)."""
+    coords = lidar_scene(int(torch.randint(0, 4, (1,), generator=gen)))
+    feats = torch.randn(len(coords), 5, generator=gen, requires_grad=True)
+    weight = torch.randn(27, 5, 0, generator=gen, requires_grad=True)
+    y = conv3d(tsp.SparseTensor(feats, coords), weight, 3, config=TRITON_CONFIGS[config])
+    assert y.F.shape == (len(coords), 0)
+    y.F.sum().backward()
+    assert torch.equal(feats.grad, torch.zeros_like(feats))
+    assert weight.grad.shape == weight.shape
+
+
 @pytest.mark.parametrize("split", [2, 4])
 def test_more_splits_than_offsets(split, gen):
     coords = random_coords(gen, 150, batch=2, low=-4, high=6)
