@@ -46,3 +46,16 @@ def test_gradcheck_transposed(generator):
         return conv3d(coarse.replace_feats(f), w, 3, stride=2, padding=1, transposed=True).F
 
     assert torch.autograd.gradcheck(fn, (feats, weight), eps=1e-6, atol=1e-8)
+
+
+def test_double_backward_raises(generator):
+    """The conv passes have no derivatives of their own: a second backward through the input
+    gradient raises instead of running through kernels autograd knows nothing about (it once
+    ran with only a warning, giving no second-order terms)."""
+    coords = random_coords(generator, 40, batch=2, low=0, high=5)
+    feats = torch.randn(coords.shape[0], 3, generator=generator, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(27, 3, 2, generator=generator, dtype=torch.float64, requires_grad=True)
+    out = conv3d(tsp.SparseTensor(feats, coords), weight, 3).F
+    (grad,) = torch.autograd.grad(out.square().sum(), feats, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad.sum().backward()
