@@ -26,9 +26,23 @@ inline int64_t pair_chunk_rows(int64_t c_src, int64_t c_dst) {
   return std::clamp<int64_t>(rows / 16 * 16, 16, 1024);
 }
 
-// Destination rows per block: about 512 KiB of output, which stays in L2 across the offsets.
-inline int64_t pair_block_rows(int64_t c_dst) {
-  return std::clamp<int64_t>((int64_t(1) << 17) / std::max<int64_t>(1, c_dst), 64, 8192);
+// Destination rows per block: blocks of at most ~512 KiB of output (it stays in L2 across the
+// offsets), equal in size and as many as a multiple of the threads, so that no thread waits on
+// a last odd block. Small outputs (coarse levels, small scenes) get up to kBlocksPerThread blocks
+// per thread (1-3 blocks once left threads idle) while each keeps its work above kMinBlockMacs
+// and kBlockMacsPerWeight x the weight, which every block reads whole.
+constexpr int64_t kBlocksPerThread = 4;
+constexpr int64_t kMinBlockMacs = int64_t(1) << 20;
+constexpr int64_t kBlockMacsPerWeight = 256;
+inline int64_t pair_block_rows(int64_t K, int64_t c_src, int64_t c_dst, int64_t num_dst, int64_t pairs) {
+  const int64_t in_cache = std::clamp<int64_t>((int64_t(1) << 17) / std::max<int64_t>(1, c_dst), 64, 8192);
+  if (num_dst < 1) return 1;
+  const int64_t threads = at::get_num_threads();
+  const int64_t macs = pairs * c_src * c_dst;
+  const int64_t by_work = macs / std::max(kMinBlockMacs, kBlockMacsPerWeight * K * c_src * c_dst);
+  int64_t blocks = std::max((num_dst + in_cache - 1) / in_cache, std::min(kBlocksPerThread * threads, by_work));
+  if (blocks > 1 && blocks % threads) blocks += threads - blocks % threads;
+  return std::max<int64_t>(16, (num_dst + blocks - 1) / blocks);
 }
 
 // What a forward adds to each finished block of output rows while it is still in cache:
@@ -63,7 +77,7 @@ at::Tensor pairs_forward_with(Tiles, const at::Tensor& feats, const at::Tensor& 
   constexpr bool narrow = !std::is_same_v<Acc, T>;
   const auto acc_type = c10::CppTypeToScalarType<Acc>::value;
   at::Tensor out = at::empty({num_dst, c_dst}, feats.options().dtype(narrow ? feats.scalar_type() : acc_type));
-  const int64_t chunk = pair_chunk_rows(c_src, c_dst), block = pair_block_rows(c_dst);
+  const int64_t chunk = pair_chunk_rows(c_src, c_dst), block = pair_block_rows(K, c_src, c_dst, num_dst, offsets.data_ptr<int64_t>()[K]);
   const T* f = feats.data_ptr<T>();
   const A* wp = w.data_ptr<A>();
   const at::Tensor bias = epilogue.bias.defined() ? epilogue.bias.to(acc_type).contiguous() : at::Tensor();
