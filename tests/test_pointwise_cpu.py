@@ -1,7 +1,8 @@
 """1x1x1 convs on the CPU: in inference they run fetch_on_demand's register kernel over identity
-pairs (bias, residual and ReLU in its epilogue) where the CPU has the kernels, and torch.addmm
-when autograd needs a graph. Oracle: the same sums in float64 (each output row times the
-weight), on LiDAR-like inputs; both routes must agree with it and with each other."""
+pairs (bias, residual and ReLU in its epilogue) where the CPU has the kernels; when autograd
+needs a graph, large ones run fetch_on_demand's three passes over identity pairs and small ones
+torch.addmm. Oracle: the same sums in float64 (each output row times the weight) and their
+float64 autograd, on LiDAR-like inputs; every route must agree with it."""
 import pytest
 import torch
 
@@ -124,3 +125,38 @@ def test_bf16_pointwise_avoids_emulated_aten_gemms(seed, gen, kernel_calls, monk
     assert rel(with_graph.detach(), expected) < TOLERANCE[torch.bfloat16]
     grad_expected = feats.double().t() @ torch.ones(len(coords), 40, dtype=torch.float64)
     assert rel(w.grad[0], grad_expected) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("c_in, c_out, with_residual, relu", [(16, 48, False, False), (64, 48, True, True),
+                                                              (7, 33, False, True)])
+def test_pointwise_training_route_matches_the_oracle(seed, gen, monkeypatch, dtype, c_in, c_out, with_residual, relu):
+    """With autograd, a 1x1x1 conv above POINTWISE_TRAINING_KERNEL_MIN_MACS runs fetch_on_demand
+    over identity pairs for the output and both gradients (set to 0 here: every size); forward,
+    input, weight, bias and residual gradients meet float64 autograd of the oracle."""
+    monkeypatch.setattr(epilogue_module, "POINTWISE_TRAINING_KERNEL_MIN_MACS", 0)
+    wgrads = []
+    real = ops.fetch_on_demand_wgrad
+    monkeypatch.setattr(ops, "fetch_on_demand_wgrad", lambda *a: wgrads.append(a[0].shape) or real(*a))
+    coords = lidar_coords(seed)
+    n = len(coords)
+    leaves = [torch.randn(n, c_in, generator=gen) * torch.rand(c_in, generator=gen),
+              torch.randn(1, c_in, c_out, generator=gen), torch.randn(c_out, generator=gen),
+              torch.randn(n, c_out, generator=gen)]
+    ours = [t.to(dtype).requires_grad_(True) for t in leaves]
+    ref = [t.detach().double().requires_grad_(True) for t in ours]
+    grad_out = torch.randn(n, c_out, generator=gen).to(dtype)
+    epilogue = Epilogue(ours[3] if with_residual else None, relu)
+    y = conv3d(tsp.SparseTensor(ours[0], coords), ours[1], 1, bias=ours[2], epilogue=epilogue).F
+    y.backward(grad_out)
+    expected = oracle(ref[0], ref[1], ref[2], ref[3] if with_residual else None, False)
+    if relu:  # our output's mask: in bfloat16 values near 0 may round to either side
+        expected = expected * (y.detach() > 0)
+    expected.backward(grad_out.double())
+    assert len(wgrads) == int(tsp.backends.cpu_kernels != "none")
+    assert y.dtype == dtype and rel(y.detach(), expected.detach()) < TOLERANCE[dtype]
+    for name, a, b in zip(("feats", "weight", "bias", "residual"), ours, ref):
+        if b.grad is None:
+            assert a.grad is None, name
+            continue
+        assert a.grad.dtype == dtype and rel(a.grad, b.grad) < TOLERANCE[dtype], name
