@@ -77,7 +77,8 @@ at::Tensor pairs_forward_with(Tiles, const at::Tensor& feats, const at::Tensor& 
   constexpr bool narrow = !std::is_same_v<Acc, T>;
   const auto acc_type = c10::CppTypeToScalarType<Acc>::value;
   at::Tensor out = at::empty({num_dst, c_dst}, feats.options().dtype(narrow ? feats.scalar_type() : acc_type));
-  const int64_t chunk = pair_chunk_rows(c_src, c_dst), block = pair_block_rows(K, c_src, c_dst, num_dst, offsets.data_ptr<int64_t>()[K]);
+  const int64_t chunk = pair_chunk_rows(c_src, c_dst);
+  const int64_t block = pair_block_rows(K, c_src, c_dst, num_dst, offsets.data_ptr<int64_t>()[K]);
   const T* f = feats.data_ptr<T>();
   const A* wp = w.data_ptr<A>();
   const at::Tensor bias = epilogue.bias.defined() ? epilogue.bias.to(acc_type).contiguous() : at::Tensor();

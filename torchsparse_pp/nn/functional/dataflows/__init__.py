@@ -117,9 +117,10 @@ class _SparseConvFunction(torch.autograd.Function):
 
 def sparse_conv(feats: torch.Tensor, weight: torch.Tensor, view: OrientedMap, configs: PassConfigs, text: str,
                 deterministic: bool, allow_tf32: bool) -> torch.Tensor:
-    """The conv over ``view`` through the custom op, with the operands of the passes autograd
-    will run (the input gradient when ``feats`` requires grad, the weight gradient when
-    ``weight`` does). ``text`` is ``configs_to_text(configs)``."""
+    """The conv over ``view`` with the operands of the passes autograd will run (the input
+    gradient when ``feats`` requires grad, the weight gradient when ``weight`` does): through the
+    custom op while compiling or exporting, else through _SparseConvFunction (or, with no
+    gradient to plan for, the forward pass alone). ``text`` is ``configs_to_text(configs)``."""
     grad = torch.is_grad_enabled()
     needed = {"forward": True, "dgrad": grad and feats.requires_grad, "wgrad": grad and weight.requires_grad}
     operands = [DATAFLOW_MODULES[cfg.dataflow].operands(view, p, cfg, deterministic) if needed[p] else []
