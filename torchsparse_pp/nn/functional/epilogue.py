@@ -13,7 +13,7 @@ import torch
 from ... import backends, ops
 from ...utils.cpu_bf16 import bf16_gemm_emulated, linear_float32
 from .config import PassConfigs
-from .dataflows import identity_pairs_conv, sparse_conv
+from .dataflows import identity_pairs, identity_pairs_conv, sparse_conv
 
 
 @dataclass(frozen=True)
@@ -100,9 +100,7 @@ def pointwise_fused(feats: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     """``act(feats @ weight[0] + bias + residual)`` by the fused fetch_on_demand kernel over
     identity pairs (output row i reads input row i); ``residual`` as the kernel reads it."""
     n = feats.shape[0]
-    rows = torch.arange(n, dtype=torch.int32)
-    return ops.fetch_on_demand_forward_fused(feats, weight, rows, rows, torch.tensor([0, n], dtype=torch.int64),
-                                             torch.ones(1, dtype=torch.bool), n, bias, residual, relu)
+    return ops.fetch_on_demand_forward_fused(feats, weight, *identity_pairs(n, feats.device), n, bias, residual, relu)
 
 
 def pointwise_forward(configs: PassConfigs, feats: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],

@@ -134,18 +134,24 @@ def sparse_conv(feats: torch.Tensor, weight: torch.Tensor, view: OrientedMap, co
                                      allow_tf32)
 
 
+def identity_pairs(n: int, device) -> List[torch.Tensor]:
+    """(src, dst, offsets, identity) of one identity offset over ``n`` rows: row i to row i."""
+    rows = torch.arange(n, dtype=torch.int32, device=device)
+    return [rows, rows, torch.tensor([0, n], dtype=torch.int64, device=device),
+            torch.ones(1, dtype=torch.bool, device=device)]
+
+
 def identity_pairs_conv(feats: torch.Tensor, weight: torch.Tensor, configs: PassConfigs, deterministic: bool,
                         allow_tf32: bool) -> torch.Tensor:
     """A 1x1x1 conv (output row i reads input row i) in eager mode, all three passes by
     fetch_on_demand over identity pairs (``configs`` must name it for every pass)."""
     n = feats.shape[0]
-    rows = torch.arange(n, dtype=torch.int32, device=feats.device)
-    pairs = [rows, rows, torch.tensor([0, n], dtype=torch.int64, device=feats.device),
-             torch.ones(1, dtype=torch.bool, device=feats.device)]
+    pairs = identity_pairs(n, feats.device)
     grad = torch.is_grad_enabled()
     dgrad, wgrad = grad and feats.requires_grad, grad and weight.requires_grad
     return _SparseConvFunction.apply(feats, weight, pairs, pairs if dgrad else [], pairs if wgrad else [], n, n,
                                      configs, deterministic, allow_tf32)
 
 
-__all__ = ["DATAFLOW_MODULES", "OrientedMap", "PASSES", "identity_pairs_conv", "sparse_conv", "sparse_conv_op"]
+__all__ = ["DATAFLOW_MODULES", "OrientedMap", "PASSES", "identity_pairs", "identity_pairs_conv", "sparse_conv",
+           "sparse_conv_op"]
