@@ -36,11 +36,11 @@ the transposed convs reuse the downsamples' maps in both libraries): ours = the 
 cache plus the pairs view fetch_on_demand reads; spconv = ops.get_indice_pairs.
 
 Timing: round-robin rounds (benchmarks/common.py interleaved_times), median of --repeats after
---warmup. Output: e2e_cpu.json + e2e_cpu.png in a new benchmarks/out/e2e_cpu-<time>/, --out DIR,
+--warmup (the kernel maps: of --map-repeats). Output: e2e_cpu.json + e2e_cpu.png in a new benchmarks/out/e2e_cpu-<time>/, --out DIR,
 or benchmarks/results/ with --publish.
 
 Usage: python benchmarks/e2e_cpu.py [--repeats N] [--warmup N] [--threads T] [--models ...] [--quick]
-       [--out DIR | --publish]
+       [--map-repeats N] [--no-maps] [--out DIR | --publish]
 """
 import argparse
 import contextlib
@@ -282,7 +282,7 @@ def run_maps(args, bar) -> dict:
     shape = [-(-s // 16) * 16 for s in shape]
     maps = minkunet_maps(coords, shape)
     bar.set_description("kernel maps")
-    times = interleaved_times(map_tasks(maps, args.threads), args.repeats, args.warmup, on_round=bar.update)
+    times = interleaved_times(map_tasks(maps, args.threads), args.map_repeats, args.warmup, on_round=bar.update)
     rows = []
     for m in maps:
         t = {k.split("|")[1]: v["median_s"] for k, v in times.items() if k.startswith(m["name"] + "|")}
@@ -290,7 +290,7 @@ def run_maps(args, bar) -> dict:
                      f"vs_spconv@{args.threads}t": t[f"spconv@{args.threads}t"] / t[f"ours@{args.threads}t"],
                      "vs_spconv@1t": t["spconv@1t"] / t["ours@1t"]})
     total = {k: sum(r["seconds"][k] for r in rows) for k in rows[0]["seconds"]}
-    return {"maps": rows, "total_seconds": total,
+    return {"maps": rows, "total_seconds": total, "repeats": args.map_repeats,
             "total_vs_spconv": total[f"spconv@{args.threads}t"] / total[f"ours@{args.threads}t"]}
 
 
@@ -303,15 +303,21 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="minkunet0.5,minkunet1.0,centerpoint",
                         help=f"comma-separated subset of {', '.join(WORKLOADS)}")
     parser.add_argument("--no-maps", action="store_true", help="skip the kernel-map comparison")
+    parser.add_argument("--map-repeats", type=int, default=25,
+                        help="timed rounds of the kernel-map comparison (default 25: a round takes well under a "
+                             "second, and a map of a few thousand voxels needs many rounds for a steady median)")
     parser.add_argument("--quick", action="store_true", help="MinkUNet 0.5x only, 2 rounds")
     add_output_arguments(parser, "e2e_cpu")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.models = min(args.repeats, 2), "minkunet0.5"
+        args.map_repeats = min(args.map_repeats, 2)
     keys = [k for k in args.models.split(",") if k]
     if not keys or any(k not in WORKLOADS for k in keys):
         parser.error(f"--models: choose from {', '.join(WORKLOADS)}")
     check_round_arguments(parser, args)
+    if args.map_repeats < 1:
+        parser.error("--map-repeats must be >= 1")
     out = output_dir(args, "e2e_cpu")
     patch_spconv_cpu_backward()
     started = time.perf_counter()
@@ -321,7 +327,7 @@ def main(argv=None) -> int:
     report["mm_rate_flops_at_start"] = mm_rates(args.threads)  # for reference; rooflines use the in-round rates
     report["onednn_bf16"] = cpu_bf16.ONEDNN_BF16
     report["cpu_kernels"] = tsp_backends.cpu_kernels
-    rounds = (len(keys) * 2 + (0 if args.no_maps else 1)) * (args.repeats + args.warmup)
+    rounds = len(keys) * 2 * (args.repeats + args.warmup) + (0 if args.no_maps else args.map_repeats + args.warmup)
     with tqdm(total=rounds, unit="round", file=sys.stderr) as bar:
         for key in keys:
             report["models"].append(run_model(key, args, bar))
