@@ -379,20 +379,40 @@ def plot(report, path) -> None:
     if plt is None:
         return
     rows = report["models"]
-    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    maps = report.get("kernel_maps")
+    fig, axes = plt.subplots(1, 3 if maps else 2, figsize=(21 if maps else 14, 5))
+    # One colour per series in every panel.
+    series = sorted({k for r in rows for mode in ("inference", "training") for k in r["timings"][mode]},
+                    key=lambda k: (k.startswith("spconv"), k))
+    colours = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(series)}
     for ax, mode in zip(axes, ("inference", "training")):
-        names = sorted({k for r in rows for k in r["timings"][mode]}, key=lambda k: (k.startswith("spconv"), k))
+        names = [n for n in series if any(n in r["timings"][mode] for r in rows)]
         x = np.arange(len(rows))
         width = 0.84 / (len(names) + 1)
         for i, n in enumerate(names):
             vals = [r["timings"][mode].get(n, np.nan) * 1e3 for r in rows]
-            ax.bar(x + i * width, vals, width, label=n, hatch="//" if n.startswith("spconv@") and n != "spconv@1t" else None)
+            ax.bar(x + i * width, vals, width, label=n, color=colours[n],
+                   hatch="//" if n.startswith("spconv@") and n != "spconv@1t" else None)
         ax.bar(x + len(names) * width, [r["roofline_s"][mode]["float32"] * 1e3 for r in rows], width,
                label="roofline fp32", color="black")
         ax.set_xticks(x + 0.42, [r["model"] for r in rows], fontsize=8)
         ax.set_ylabel("ms")
         ax.set_yscale("log")
         ax.set_title(f"{mode}, {report['threads']} threads (hatched: spconv racy)", fontsize=10)
+        ax.legend(fontsize=6)
+    if maps:
+        ax, t = axes[2], report["threads"]
+        x = np.arange(len(maps["maps"]))
+        for i, (who, hatch) in enumerate(((f"ours@{t}t", None), (f"spconv@{t}t", "//"))):
+            ax.bar(x + i * 0.4, [m["seconds"][who] * 1e3 for m in maps["maps"]], 0.4, label=who, hatch=hatch)
+        for xi, m in zip(x, maps["maps"]):
+            ax.annotate(f"{m[f'vs_spconv@{t}t']:.1f}x", (xi + 0.2, m["seconds"][f"spconv@{t}t"] * 1e3),
+                        ha="center", va="bottom", fontsize=6)
+        ax.set_xticks(x + 0.2, [m["map"] for m in maps["maps"]], fontsize=6, rotation=30, ha="right")
+        ax.set_ylabel("ms")
+        ax.set_yscale("log")
+        ax.set_title(f"MinkUNet kernel maps, {t} threads, median of {maps.get('repeats', report['repeats'])} "
+                     f"rounds (labels: spconv / ours)", fontsize=10)
         ax.legend(fontsize=6)
     fig.suptitle(f"torchsparse_pp vs spconv end to end, {report['machine']['cpu_model']}, "
                  f"{report['machine']['date']}", fontsize=9)
