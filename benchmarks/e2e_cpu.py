@@ -36,8 +36,9 @@ the transposed convs reuse the downsamples' maps in both libraries): ours = the 
 cache plus the pairs view fetch_on_demand reads; spconv = ops.get_indice_pairs.
 
 Timing: round-robin rounds (benchmarks/common.py interleaved_times), median of --repeats after
---warmup (the kernel maps: of --map-repeats). Output: e2e_cpu.json + e2e_cpu.png in a new benchmarks/out/e2e_cpu-<time>/, --out DIR,
-or benchmarks/results/ with --publish.
+--warmup (the kernel maps: of --map-repeats). Output: e2e_cpu.json + e2e_cpu.png (inference,
+training step, kernel maps) in a new benchmarks/out/e2e_cpu-<time>/, --out DIR, or
+benchmarks/results/ with --publish.
 
 Usage: python benchmarks/e2e_cpu.py [--repeats N] [--warmup N] [--threads T] [--models ...] [--quick]
        [--map-repeats N] [--no-maps] [--out DIR | --publish]
