@@ -55,10 +55,13 @@ class Epilogue:
         return out.relu_() if fresh else torch.relu(out)
 
 
+def _native_fetch_on_demand(config) -> bool:
+    return config.dataflow == "fetch_on_demand" and config.backend == "native"
+
+
 def _in_kernel(config, feats: torch.Tensor, tensors) -> bool:
     needs_graph = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    return (config.dataflow == "fetch_on_demand" and config.backend == "native" and feats.device.type == "cpu"
-            and not needs_graph)
+    return _native_fetch_on_demand(config) and feats.device.type == "cpu" and not needs_graph
 
 
 def _kernel_residual(residual: Optional[torch.Tensor], rows: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
@@ -92,7 +95,7 @@ def _training_kernel(configs: PassConfigs, feats: torch.Tensor, weight: torch.Te
     recorded = torch.is_grad_enabled() and (feats.requires_grad or weight.requires_grad)
     return (recorded and feats.device.type == "cpu" and feats.dtype in _REGISTER_DTYPES
             and macs >= POINTWISE_TRAINING_KERNEL_MIN_MACS and backends.cpu_kernels != "none"
-            and all(c.dataflow == "fetch_on_demand" and c.backend == "native" for c in configs))
+            and all(_native_fetch_on_demand(c) for c in configs))
 
 
 def pointwise_fused(feats: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
