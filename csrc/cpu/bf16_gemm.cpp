@@ -5,6 +5,8 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include <algorithm>
+
 #include "cpu_features.h"
 #include "pair_gemm.h"
 #include "register_tile.h"
@@ -22,7 +24,7 @@ TSPP_AVX512_BF16_TARGET void micro_kernel(int64_t pairs, const uint32_t* A, int6
   // Fully unrolled so that the accumulators live in registers (GCC keeps a partly indexed
   // array of vectors on the stack).
   __m512 acc[MR][NV];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int m = 0; m < MR; ++m)
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_setzero_ps();
@@ -32,7 +34,7 @@ TSPP_AVX512_BF16_TARGET void micro_kernel(int64_t pairs, const uint32_t* A, int6
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v)
       b[v] = v == NV - 1 ? _mm512_maskz_loadu_epi32(tail, row + 16 * v) : _mm512_loadu_si512(row + 16 * v);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int m = 0; m < MR; ++m) {
       const __m512i a = _mm512_set1_epi32(static_cast<int>(A[m * row_stride + p * pair_stride]));
 #pragma GCC unroll 4
@@ -42,28 +44,50 @@ TSPP_AVX512_BF16_TARGET void micro_kernel(int64_t pairs, const uint32_t* A, int6
   store_register_tile<MR, NV>(acc, C, ldc, tail, accumulate);
 }
 
-// Rows of one column block in steps of MR (at most 24 accumulators), the remainder by a
-// narrower instantiation.
+// Rows of one column block in steps of MR, the remainder by a narrower instantiation. MR x NV
+// stays within 24 accumulators, and with one or two vectors MR is large enough that the sums
+// do not wait on the dot product's latency (8 rows of one vector did: 16 x 16 weight gradients
+// ran no faster than in float32).
+template <int NV>
+constexpr int kTileRows = NV == 1 ? 16 : NV == 2 ? 12 : NV == 3 ? 8 : 6;
+
 template <int NV>
 TSPP_AVX512_BF16_TARGET void column_block(int64_t M, int64_t pairs, const uint32_t* A, int64_t row_stride,
                                           int64_t pair_stride, const uint32_t* B, int64_t N, float* C, int64_t ldc,
                                           __mmask16 tail, bool accumulate) {
-  constexpr int MR = NV <= 2 ? 8 : 6;
+  constexpr int MR = kTileRows<NV>;
   int64_t m = 0;
   for (; m + MR <= M; m += MR)
     micro_kernel<MR, NV>(pairs, A + m * row_stride, row_stride, pair_stride, B, N, C + m * ldc, ldc, tail,
                          accumulate);
-  const uint32_t* a = A + m * row_stride;
-  float* c = C + m * ldc;
-  switch (M - m) {
-    case 0: break;
-    case 1: micro_kernel<1, NV>(pairs, a, row_stride, pair_stride, B, N, c, ldc, tail, accumulate); break;
-    case 2: micro_kernel<2, NV>(pairs, a, row_stride, pair_stride, B, N, c, ldc, tail, accumulate); break;
-    case 3: micro_kernel<3, NV>(pairs, a, row_stride, pair_stride, B, N, c, ldc, tail, accumulate); break;
-    case 4: micro_kernel<4, NV>(pairs, a, row_stride, pair_stride, B, N, c, ldc, tail, accumulate); break;
-    case 5: micro_kernel<5, NV>(pairs, a, row_stride, pair_stride, B, N, c, ldc, tail, accumulate); break;
-    case 6: micro_kernel<6, NV>(pairs, a, row_stride, pair_stride, B, N, c, ldc, tail, accumulate); break;
-    default: micro_kernel<7, NV>(pairs, a, row_stride, pair_stride, B, N, c, ldc, tail, accumulate); break;
+  with_constant<MR - 1>(M - m, [&](auto rows) {
+    micro_kernel<decltype(rows)::value, NV>(pairs, A + m * row_stride, row_stride, pair_stride, B, N, C + m * ldc,
+                                            ldc, tail, accumulate);
+  });
+}
+
+// Rows ahead whose cache lines bf16_gather_pairs requests: they are random reads.
+constexpr int64_t kGatherAhead = 64;
+
+TSPP_AVX512_TARGET void gather_pairs_kernel(const uint16_t* src, int64_t c, const int64_t* rows, int64_t n,
+                                            uint32_t* out) {
+  const __mmask16 tail = static_cast<__mmask16>((1u << (c % 16 == 0 ? 16 : c % 16)) - 1u);
+  for (int64_t p = 0; p < (n + 1) / 2; ++p) {
+    for (int64_t i = 2 * p + kGatherAhead; i < std::min(n, 2 * p + kGatherAhead + 2); ++i)
+      if (rows[i] >= 0)
+        for (int64_t b = 0; b < c * 2; b += 64) _mm_prefetch(reinterpret_cast<const char*>(src + rows[i] * c) + b, _MM_HINT_T0);
+    // An absent row reads nothing: its loads are masked off (the pointer stays valid).
+    const int64_t r0 = rows[2 * p], r1 = 2 * p + 1 < n ? rows[2 * p + 1] : -1;
+    const uint16_t* e = src + std::max<int64_t>(r0, 0) * c;
+    const uint16_t* o = src + std::max<int64_t>(r1, 0) * c;
+    const __mmask16 keep_e = r0 >= 0 ? 0xFFFF : 0, keep_o = r1 >= 0 ? 0xFFFF : 0;
+    uint32_t* w = out + p * c;
+    for (int64_t j = 0; j < c; j += 16) {
+      const __mmask16 k = j + 16 <= c ? __mmask16(0xFFFF) : tail;
+      const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k & keep_e, e + j));
+      const __m512i hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k & keep_o, o + j));
+      _mm512_mask_storeu_epi32(w + j, k, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
   }
 }
 
@@ -97,6 +121,11 @@ at::Tensor bf16_packed_weight(const at::Tensor& weight, bool transpose) {
   for (int64_t k = 0; k < K; ++k)
     bf16_pack_pairs(c_src, c_dst, src + k * c_src * c_dst, c_dst, dst + k * c_pad * c_dst);
   return packed;
+}
+
+void bf16_gather_pairs(const at::BFloat16* src, int64_t c, const int64_t* rows, int64_t n, at::BFloat16* out) {
+  TORCH_CHECK(bf16_dot_available(), "bf16_gather_pairs needs AVX512-BF16");
+  gather_pairs_kernel(reinterpret_cast<const uint16_t*>(src), c, rows, n, reinterpret_cast<uint32_t*>(out));
 }
 
 void bf16_gemm_strided(int64_t M, int64_t N, int64_t K_even, const at::BFloat16* A, int64_t row_stride,

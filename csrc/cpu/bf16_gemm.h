@@ -29,6 +29,11 @@ void bf16_pack_pairs(int64_t K, int64_t N, const at::BFloat16* B, int64_t ldb, a
 // packed: [K, ceil(C_src / 2), C_dst, 2]; offset k starts at k * bf16_pairs_len(C_src) * C_dst.
 at::Tensor bf16_packed_weight(const at::Tensor& weight, bool transpose);
 
+// out[p, j] = (src[rows[2p], j], src[rows[2p + 1], j]) as one 32-bit word, for p < ceil(n / 2)
+// and j < c: gathered rows packed like B (the weight gradient's operands). A row < 0, and the
+// missing partner of an odd n's last row, read as zeros. Needs bf16_dot_available().
+void bf16_gather_pairs(const at::BFloat16* src, int64_t c, const int64_t* rows, int64_t n, at::BFloat16* out);
+
 // C[M, N] (+)= A[M, K_even] * B, B packed by bf16_pack_pairs (N columns). lda is even (A's rows
 // hold whole pairs). Needs bf16_dot_available().
 void bf16_gemm(int64_t M, int64_t N, int64_t K_even, const at::BFloat16* A, int64_t lda,

@@ -69,39 +69,61 @@ TSPP_AVX512_TARGET void kernel_f32(int64_t terms, const float* const* a_rows, in
   write_rows<MR, NV>(acc, out_rows, tail, accumulate);
 }
 
+// acc[m][v] += the pair p of row a[m] . the packed W row `row` (one dot product per vector);
+// `half`: p is an odd K's last pair, whose second element is zero (the row may end there).
+template <int MR, int NV>
+TSPP_AVX512_BF16_TARGET inline __attribute__((always_inline)) void dot_pair(__m512 (&acc)[MR][NV],
+                                                                            const c10::BFloat16* const* a,
+                                                                            const uint32_t* row, int64_t p,
+                                                                            bool half, __mmask16 tail) {
+  __m512i b[NV];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v)
+    b[v] = v == NV - 1 ? _mm512_maskz_loadu_epi32(tail, row + 16 * v) : _mm512_loadu_si512(row + 16 * v);
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+    const auto* bits = reinterpret_cast<const uint16_t*>(a[m]) + 2 * p;
+    uint32_t word = bits[0];
+    if (!half) word |= static_cast<uint32_t>(bits[1]) << 16;
+    const __m512i x = _mm512_set1_epi32(static_cast<int>(word));
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], (__m512bh)x, (__m512bh)b[v]);
+  }
+}
+
 // The same for bfloat16: pairs of K per dot product; an odd K's last element pairs with zero.
+// With up to 12 accumulators the sums alone would wait on the dot product's latency, so
+// alternate pairs go to a second set of sums, added at the end.
 template <int MR, int NV>
 TSPP_AVX512_BF16_TARGET void kernel_bf16(int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
                                          const c10::BFloat16* const* W_terms, int64_t N, float* const* out_rows,
                                          __mmask16 tail, bool accumulate) {
-  __m512 acc[MR][NV];
+  constexpr int kSets = 2 * MR * NV <= 24 ? 2 : 1;
+  __m512 acc[kSets][MR][NV];
+#pragma GCC unroll 2
+  for (int s = 0; s < kSets; ++s)
 #pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m)
+    for (int m = 0; m < MR; ++m)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_setzero_ps();
-  const int64_t pairs = (K + 1) / 2;
+      for (int v = 0; v < NV; ++v) acc[s][m][v] = _mm512_setzero_ps();
+  const int64_t pairs = (K + 1) / 2, full = K / 2;
   for (int64_t j = 0; j < terms; ++j) {
     const c10::BFloat16* const* a = a_rows + j * MR;
     const auto* w = reinterpret_cast<const uint32_t*>(W_terms[j]);
-    for (int64_t p = 0; p < pairs; ++p) {
-      __m512i b[NV];
-      const uint32_t* row = w + p * N;
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v)
-        b[v] = v == NV - 1 ? _mm512_maskz_loadu_epi32(tail, row + 16 * v) : _mm512_loadu_si512(row + 16 * v);
-      const bool half = 2 * p + 1 == K;
-#pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) {
-        const auto* bits = reinterpret_cast<const uint16_t*>(a[m]) + 2 * p;
-        uint32_t word = bits[0];
-        if (!half) word |= static_cast<uint32_t>(bits[1]) << 16;
-        const __m512i x = _mm512_set1_epi32(static_cast<int>(word));
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], (__m512bh)x, (__m512bh)b[v]);
+    int64_t p = 0;
+    if constexpr (kSets == 2)
+      for (; p + 1 < full; p += 2) {
+        dot_pair<MR, NV>(acc[0], a, w + p * N, p, false, tail);
+        dot_pair<MR, NV>(acc[1], a, w + (p + 1) * N, p + 1, false, tail);
       }
-    }
+    for (; p < pairs; ++p) dot_pair<MR, NV>(acc[0], a, w + p * N, p, p == full, tail);
   }
-  write_rows<MR, NV>(acc, out_rows, tail, accumulate);
+  if constexpr (kSets == 2)
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[0][m][v] = _mm512_add_ps(acc[0][m][v], acc[1][m][v]);
+  write_rows<MR, NV>(acc[0], out_rows, tail, accumulate);
 }
 
 template <typename T>

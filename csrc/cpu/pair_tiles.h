@@ -175,7 +175,8 @@ at::Tensor pairs_wgrad_with(Tiles, const at::Tensor& feats, const at::Tensor& gr
   using Acc = typename Tiles::Acc;
   const auto math = c10::CppTypeToScalarType<Acc>::value;
   const int64_t c_src = feats.size(1), c_dst = grad.size(1);
-  const int64_t chunk = pair_chunk_rows(c_src, c_dst);
+  // bf16 tiles hold half the bytes per value: twice the rows fill the same cache.
+  const int64_t chunk = pair_chunk_rows(c_src, c_dst) * (std::is_same_v<Tiles, Bf16DotTiles> ? 2 : 1);
   const int64_t* off = offsets.data_ptr<int64_t>();
   int64_t total_chunks = 0;
   for (int64_t k = 0; k < K; ++k) total_chunks += (off[k + 1] - off[k] + chunk - 1) / chunk;
@@ -206,10 +207,13 @@ at::Tensor pairs_wgrad_with(Tiles, const at::Tensor& feats, const at::Tensor& gr
   const T* f = feats.data_ptr<T>();
   const T* g = grad.data_ptr<T>();
   Acc* part = partials.data_ptr<Acc>();
-  // Float32 with the register kernel: no transposed tile is gathered (pair_wgrad.h).
-  constexpr bool kRegisterWgrad = std::is_same_v<T, float> && std::is_same_v<Tiles, FloatTiles<float>>;
+  // Float32, and bfloat16 with the bf16 dot product, by the register kernels: no transposed tile
+  // is gathered (pair_wgrad.h).
+  constexpr bool kFloatWgrad = std::is_same_v<T, float> && std::is_same_v<Tiles, FloatTiles<float>>;
+  constexpr bool kRegisterWgrad = kFloatWgrad || std::is_same_v<Tiles, Bf16DotTiles>;
   bool registers = false;
-  if constexpr (kRegisterWgrad) registers = pair_gemm_available() && pair_wgrad_pays(c_src, c_dst);
+  if constexpr (kFloatWgrad) registers = pair_gemm_available() && pair_wgrad_pays(c_src, c_dst);
+  else if constexpr (kRegisterWgrad) registers = pair_gemm_available() && bf16_pair_wgrad_pays(c_src, c_dst);
   parallel_items(static_cast<int64_t>(items.size()), [&](int64_t next) {
     const int64_t it = order[next];
     const Item item = items[it];

@@ -9,6 +9,8 @@
 // (pair_gemm_available).
 #pragma once
 
+#include <c10/util/BFloat16.h>
+
 #include <cstdint>
 
 namespace torchsparse_pp {
@@ -24,5 +26,16 @@ bool pair_wgrad_pays(int64_t c_src, int64_t c_dst);
 // each re-read all of them; the AVX2 kernel goes through them in small groups that stay in L1.
 void pair_wgrad(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t c_src,
                 const float* grad, int64_t c_dst, float* dw, bool accumulate);
+
+// Whether the bfloat16 pair_wgrad beats the bf16 tiles (tile_policy.h) for these widths: on
+// narrow weights only (up to 16 x 32), where gathering the tiles costs more than their products
+// (MinkUNet 0.5x on a Zen 5, 2 threads: 4 x 16 1.8x, 16 x 16 1.3-1.4x, 16 x 32 1.07x; from 32 x 32
+// up the tiles win, 1.15-1.9x). Needs bf16_dot_available() to say yes.
+bool bf16_pair_wgrad_pays(int64_t c_src, int64_t c_dst);
+
+// bfloat16 feats and grad, float sums, by the AVX512-BF16 dot product (two pairs per dot
+// product); needs bf16_dot_available().
+void pair_wgrad(int64_t count, const int32_t* src, const int32_t* dst, const c10::BFloat16* feats, int64_t c_src,
+                const c10::BFloat16* grad, int64_t c_dst, float* dw, bool accumulate);
 
 }  // namespace torchsparse_pp

@@ -117,21 +117,6 @@ TSPP_ROW_CLONES void gather_rows(const c10::BFloat16* src, const int32_t* idx, i
   gather_impl(src, idx, count, n, out);
 }
 
-TSPP_ROW_CLONES void interleave_rows(const c10::BFloat16* even, const c10::BFloat16* odd, int64_t n,
-                                     c10::BFloat16* out) {
-  const auto* e = reinterpret_cast<const uint16_t*>(even);
-  const auto* o = reinterpret_cast<const uint16_t*>(odd);
-  auto* w = reinterpret_cast<uint32_t*>(out);
-  if (e != nullptr && o != nullptr)
-    for (int64_t j = 0; j < n; ++j) w[j] = static_cast<uint32_t>(e[j]) | (static_cast<uint32_t>(o[j]) << 16);
-  else if (e != nullptr)
-    for (int64_t j = 0; j < n; ++j) w[j] = e[j];
-  else if (o != nullptr)
-    for (int64_t j = 0; j < n; ++j) w[j] = static_cast<uint32_t>(o[j]) << 16;
-  else
-    for (int64_t j = 0; j < n; ++j) w[j] = 0;
-}
-
 TSPP_ROW_CLONES void widen_row(const c10::BFloat16* s, int64_t n, float* d) {
   // bfloat16 is the upper half of a float: a shift, which vectorises (the c10 operator may not).
   const auto* bits = reinterpret_cast<const uint16_t*>(s);

@@ -20,10 +20,6 @@ void gather_rows(const float* src, const int32_t* idx, int64_t count, int64_t n,
 void gather_rows(const double* src, const int32_t* idx, int64_t count, int64_t n, double* out);
 void gather_rows(const c10::BFloat16* src, const int32_t* idx, int64_t count, int64_t n, c10::BFloat16* out);
 
-// out[j] = (even[j], odd[j]) as one 32-bit word per column: two rows in bfloat16 pairs; a null
-// row reads as zeros.
-void interleave_rows(const c10::BFloat16* even, const c10::BFloat16* odd, int64_t n, c10::BFloat16* out);
-
 // rows[i, :n] = act(rows[i, :n] + bias[:n] + residual[i, :n]) for i < count (bias / residual
 // null when absent; residual rows have leading dimension n; act is ReLU when `relu`).
 void epilogue_rows(float* rows, int64_t count, int64_t n, const float* bias, const float* residual, bool relu);

@@ -88,17 +88,9 @@ struct Bf16DotTiles {
   // weight gradient are gathered this way: a pair of K values of one column is then one word.
   template <typename RowFn>
   static void gather_rhs(const T* src, int64_t c, int64_t n, RowFn&& row, A* dst) {
-    const auto at = [&](int64_t i) -> const T* {
-      const int64_t r = i < n ? row(i) : -1;
-      return r < 0 ? nullptr : src + r * c;
-    };
-    for (int64_t p = 0; p < k_len(n) / 2; ++p) {
-      if (2 * p + kPrefetchRows < n) {
-        const T* ahead = at(2 * p + kPrefetchRows);
-        if (ahead != nullptr) prefetch_row(ahead, c);
-      }
-      interleave_rows(at(2 * p), at(2 * p + 1), c, dst + 2 * p * c);
-    }
+    int64_t* rows = scratch<int64_t, 0>(n);
+    for (int64_t i = 0; i < n; ++i) rows[i] = row(i);
+    bf16_gather_pairs(src, c, rows, n, dst);
   }
 
   template <typename RowFn>
