@@ -1,6 +1,6 @@
-// The AVX-512 register weight-gradient kernel of pair_wgrad.h (the AVX2 one is in
-// pair_gemm_avx2.cpp). Compiled for the baseline ISA; the kernel carries its own target
-// attribute and runs only after the CPU check.
+// The AVX-512 register weight-gradient kernels of pair_wgrad.h, float32 and bfloat16 (the AVX2
+// one is in pair_gemm_avx2.cpp). Compiled for the baseline ISA; the kernels carry their own
+// target attributes and run only after the CPU check.
 #include "pair_wgrad.h"
 
 #include <immintrin.h>

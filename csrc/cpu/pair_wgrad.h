@@ -6,7 +6,7 @@
 // element on gather). Here each pair is a rank-1 update instead: a register block of dW rows
 // broadcasts its feature values straight from the source row and multiplies the gradient row's
 // vectors, so neither operand goes through a gathered tile. Float32, AVX-512 or AVX2
-// (pair_gemm_available).
+// (pair_gemm_available); bfloat16 with the AVX512-BF16 dot product, two pairs per product.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -30,7 +30,7 @@ void pair_wgrad(int64_t count, const int32_t* src, const int32_t* dst, const flo
 // Whether the bfloat16 pair_wgrad beats the bf16 tiles (tile_policy.h) for these widths: on
 // narrow weights only (up to 16 x 32), where gathering the tiles costs more than their products
 // (MinkUNet 0.5x on a Zen 5, 2 threads: 4 x 16 1.8x, 16 x 16 1.3-1.4x, 16 x 32 1.07x; from 32 x 32
-// up the tiles win, 1.15-1.9x). Needs bf16_dot_available() to say yes.
+// up the tiles win, 1.15-1.95x). Needs bf16_dot_available() to say yes.
 bool bf16_pair_wgrad_pays(int64_t c_src, int64_t c_dst);
 
 // bfloat16 feats and grad, float sums, by the AVX512-BF16 dot product (two pairs per dot
