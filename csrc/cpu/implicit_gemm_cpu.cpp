@@ -22,6 +22,7 @@
 #include <torch/library.h>
 
 #include "checks_cpu.h"
+#include "cpu_features.h"
 #include "tile_policy.h"
 
 #include <atomic>
@@ -215,8 +216,16 @@ Plan make_plan(const at::Tensor& bounds, const at::Tensor& order, const at::Tens
               reinterpret_cast<const uint64_t*>(tile_masks.data_ptr<int64_t>()), num_rows};
 }
 
+// Bit j set where table row `m` has a neighbour through offset k0 + j, for j < n <= 64.
+TSPP_ROW_CLONES uint64_t present_bits(const int32_t* m, int64_t n) {
+  uint64_t bits = 0;
+  for (int64_t j = 0; j < n; ++j) bits |= static_cast<uint64_t>(m[j] >= 0) << j;
+  return bits;
+}
+
 // A tile skips the offsets outside its mask: a mask that misses a neighbour one of its rows has
-// would drop that term silently, so every present table entry must be covered.
+// would drop that term silently, so every present table entry must be covered. Per row and 64
+// offsets: one word of present neighbours, which must lie within the tile's mask word.
 void check_plan_covers_table(const Plan& plan, const at::Tensor& table) {
   const int64_t K = table.size(1);
   const int32_t* map = table.data_ptr<int32_t>();
@@ -224,10 +233,14 @@ void check_plan_covers_table(const Plan& plan, const at::Tensor& table) {
   at::parallel_for(0, plan.splits * plan.tiles, 64, [&](int64_t begin, int64_t end) {
     bool ok = true;
     for (int64_t st = begin; st < end; ++st) {
-      const int64_t s = st / plan.tiles, t = st % plan.tiles;
-      for (int64_t i = 0; i < plan.tile_rows; ++i)
-        for (int64_t k = plan.bounds[s]; k < plan.bounds[s + 1]; ++k)
-          ok &= plan.source(s, t * plan.tile_rows + i, map, K, k) < 0 || plan.tile_has(s, t, k);
+      const int64_t s = st / plan.tiles, t = st % plan.tiles, b0 = plan.bounds[s], b1 = plan.bounds[s + 1];
+      const uint64_t* mask = plan.mask(s, t);
+      for (int64_t i = 0; i < plan.tile_rows; ++i) {
+        const int64_t r = plan.row(s, t * plan.tile_rows + i);
+        if (r < 0) continue;
+        for (int64_t k0 = b0; k0 < b1; k0 += 64)
+          ok &= (present_bits(map + r * K + k0, std::min<int64_t>(64, b1 - k0)) & ~mask[(k0 - b0) / 64]) == 0;
+      }
     }
     if (!ok) covered = false;
   });

@@ -103,8 +103,13 @@ at::Tensor pairs_forward_with(Tiles, const at::Tensor& feats, const at::Tensor& 
     if constexpr (narrow) o = scratch<Acc, 2>(block * c_dst) - b0 * c_dst;
     else o = out.data_ptr<Acc>();
     const auto finish = [&] {
-      apply_epilogue<T>(epilogue, o + b0 * c_dst, b0, b1 - b0, c_dst, bias_p);
-      if constexpr (narrow) narrow_row(o + b0 * c_dst, (b1 - b0) * c_dst, out.data_ptr<T>() + b0 * c_dst);
+      if constexpr (narrow) {
+        const T* residual = epilogue.residual.defined() ? epilogue.residual.data_ptr<T>() + b0 * c_dst : nullptr;
+        epilogue_narrow_rows(o + b0 * c_dst, b1 - b0, c_dst, bias_p, residual, epilogue.relu,
+                             out.data_ptr<T>() + b0 * c_dst);
+      } else {
+        apply_epilogue<T>(epilogue, o + b0 * c_dst, b0, b1 - b0, c_dst, bias_p);
+      }
     };
     if constexpr (kPairKernel<T, Tiles>) {
       if (registers) {

@@ -27,10 +27,13 @@ void epilogue_rows(float* rows, int64_t count, int64_t n, const float* bias, con
                    bool relu);
 void epilogue_rows(double* rows, int64_t count, int64_t n, const double* bias, const double* residual, bool relu);
 
+// out[i, :n] = bfloat16(act(rows[i, :n] + bias[:n] + residual[i, :n])) (each step only where
+// given; rounded to nearest even as c10::BFloat16 rounds, NaN stays NaN): a float block's
+// epilogue and narrowing in one pass.
+void epilogue_narrow_rows(const float* rows, int64_t count, int64_t n, const float* bias,
+                          const c10::BFloat16* residual, bool relu, c10::BFloat16* out);
+
 // d[:n] = float(s[:n]).
 void widen_row(const c10::BFloat16* s, int64_t n, float* d);
-
-// d[:n] = bfloat16(s[:n]), rounded to nearest even as c10::BFloat16 rounds (NaN stays NaN).
-void narrow_row(const float* s, int64_t n, c10::BFloat16* d);
 
 }  // namespace torchsparse_pp
