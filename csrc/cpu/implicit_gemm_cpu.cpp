@@ -267,24 +267,30 @@ void register_segment(const Plan& plan, const Segment& seg, const int32_t* map, 
   float* sink = scratch<float, 3>(c_dst);
   const T** a = scratch<const T*, 4>(std::max<int64_t>(1, terms) * kRowGroup);
   const A** w = scratch<const A*, 5>(std::max<int64_t>(1, terms));
+  // Padding slots of a sorted plan read a table row with no neighbours.
+  std::vector<int32_t>& none = *scratch_vector<int32_t, 6>();
+  none.assign(K, -1);
   for (int64_t g0 = 0; g0 < rows; g0 += kRowGroup) {
     const int64_t group = std::min(kRowGroup, rows - g0);
     float* out_rows[kRowGroup];
+    const int32_t* table_rows[kRowGroup];
     for (int64_t m = 0; m < group; ++m) {
       const int64_t r = plan.row(s, p0 + g0 + m);
       out_rows[m] = r < 0 ? sink : dst + r * c_dst;
+      table_rows[m] = r < 0 ? none.data() : map + r * K;
     }
     // The tile's offsets that some row of this group has: the rest would only add zero
     // products (weights here are finite), and a group's rows are fewer than the tile's.
     int64_t used = 0;
     for (int64_t j = 0; j < terms; ++j) {
+      const int64_t k = present[j];
       bool any = false;
       for (int64_t m = 0; m < group; ++m) {
-        const int64_t r = plan.source(s, p0 + g0 + m, map, K, present[j]);
+        const int64_t r = table_rows[m][k];
         a[used * kRowGroup + m] = r < 0 ? zeros : f + r * c_src;
-        any = any || r >= 0;
+        any |= r >= 0;
       }
-      if (any) w[used++] = wp + present[j] * k_len * c_dst;
+      if (any) w[used++] = wp + k * k_len * c_dst;
     }
     if (used == 0) {
       if (zero_empty)
