@@ -137,20 +137,9 @@ void bf16_gemm_strided(int64_t M, int64_t N, int64_t K_even, const at::BFloat16*
   const auto* a = reinterpret_cast<const uint32_t*>(A);
   const auto* b = reinterpret_cast<const uint32_t*>(B_packed);
   // Column blocks of 64 (4 vectors), the last one narrower and masked.
-  for (int64_t n0 = 0; n0 < N; n0 += 64) {
-    const int64_t width = std::min<int64_t>(64, N - n0);
-    const int vectors = static_cast<int>((width + 15) / 16);
-    const int last = static_cast<int>(width - 16 * (vectors - 1));
-    const __mmask16 tail = static_cast<__mmask16>((1u << last) - 1u);
-    float* c = C + n0;
-    const uint32_t* bn = b + n0;
-    switch (vectors) {
-      case 1: column_block<1>(M, pairs, a, row_stride, pair_stride, bn, N, c, ldc, tail, accumulate); break;
-      case 2: column_block<2>(M, pairs, a, row_stride, pair_stride, bn, N, c, ldc, tail, accumulate); break;
-      case 3: column_block<3>(M, pairs, a, row_stride, pair_stride, bn, N, c, ldc, tail, accumulate); break;
-      default: column_block<4>(M, pairs, a, row_stride, pair_stride, bn, N, c, ldc, tail, accumulate); break;
-    }
-  }
+  for_column_blocks(N, [&](int64_t n0, auto nv, __mmask16 tail) {
+    column_block<decltype(nv)::value>(M, pairs, a, row_stride, pair_stride, b + n0, N, C + n0, ldc, tail, accumulate);
+  });
 }
 
 void bf16_gemm(int64_t M, int64_t N, int64_t K_even, const at::BFloat16* A, int64_t lda,

@@ -62,18 +62,15 @@ TSPP_AVX512_TARGET void outer_kernel(int64_t count, const int32_t* src, const in
 template <int NV>
 constexpr int kBlockRows = NV == 1 ? 12 : NV == 2 ? 12 : NV == 3 ? 8 : 6;
 
-template <int NV>
-void column_block(int64_t count, const int32_t* src, const int32_t* dst, const float* feats, int64_t c_src,
-                  const float* grad, int64_t c_dst, int64_t n0, float* dw, __mmask16 tail, bool accumulate) {
-  constexpr int MR = kBlockRows<NV>;
+// Register blocks of MR rows of dW (the last one narrower) over the column block at n0:
+// kernel(rows, i0, prefetch bytes of a feature row, of a gradient row) runs one. The first block
+// of the call meets the chunk's rows in memory, so it alone fetches them ahead.
+template <int MR, typename T, typename Kernel>
+void row_blocks(int64_t c_src, int64_t c_dst, int64_t n0, Kernel&& kernel) {
   for (int64_t i0 = 0; i0 < c_src; i0 += MR) {
-    // The first block of the call meets the chunk's rows in memory; it fetches them ahead.
     const bool first = n0 == 0 && i0 == 0;
-    const int64_t pf = first ? c_src * int64_t(sizeof(float)) : 0, pg = first ? c_dst * int64_t(sizeof(float)) : 0;
-    with_constant<MR>(std::min<int64_t>(MR, c_src - i0), [&](auto rows) {
-      outer_kernel<decltype(rows)::value, NV>(count, src, dst, feats + i0, c_src, grad + n0, c_dst,
-                                              dw + i0 * c_dst + n0, c_dst, tail, accumulate, pf, pg, feats, grad);
-    });
+    const int64_t pf = first ? c_src * int64_t(sizeof(T)) : 0, pg = first ? c_dst * int64_t(sizeof(T)) : 0;
+    with_constant<MR>(std::min<int64_t>(MR, c_src - i0), [&](auto rows) { kernel(rows, i0, pf, pg); });
   }
 }
 
@@ -136,20 +133,6 @@ TSPP_AVX512_BF16_TARGET void outer_kernel_bf16(int64_t count, const int32_t* src
 template <int NV>
 constexpr int kBlockRowsBf16 = NV == 1 ? 16 : NV == 2 ? 12 : NV == 3 ? 8 : 6;
 
-template <int NV>
-void column_block_bf16(int64_t count, const int32_t* src, const int32_t* dst, const uint16_t* feats, int64_t c_src,
-                       const uint16_t* grad, int64_t c_dst, int64_t n0, float* dw, __mmask16 tail, bool accumulate) {
-  constexpr int MR = kBlockRowsBf16<NV>;
-  for (int64_t i0 = 0; i0 < c_src; i0 += MR) {
-    const bool first = n0 == 0 && i0 == 0;
-    const int64_t pf = first ? c_src * 2 : 0, pg = first ? c_dst * 2 : 0;
-    with_constant<MR>(std::min<int64_t>(MR, c_src - i0), [&](auto rows) {
-      outer_kernel_bf16<decltype(rows)::value, NV>(count, src, dst, feats + i0, c_src, grad + n0, c_dst,
-                                                   dw + i0 * c_dst + n0, c_dst, tail, accumulate, pf, pg, feats, grad);
-    });
-  }
-}
-
 }  // namespace
 
 bool pair_wgrad_pays(int64_t c_src, int64_t c_dst) {
@@ -160,17 +143,13 @@ void pair_wgrad(int64_t count, const int32_t* src, const int32_t* dst, const flo
                 const float* grad, int64_t c_dst, float* dw, bool accumulate) {
   if (register_isa() != RegisterIsa::kAvx512)
     return avx2::pair_wgrad(count, src, dst, feats, c_src, grad, c_dst, dw, accumulate);
-  for (int64_t n0 = 0; n0 < c_dst; n0 += 64) {
-    const int64_t w = std::min<int64_t>(64, c_dst - n0);
-    const int nv = static_cast<int>((w + 15) / 16);
-    const __mmask16 tail = static_cast<__mmask16>((1u << (w - 16 * (nv - 1))) - 1u);
-    switch (nv) {
-      case 1: column_block<1>(count, src, dst, feats, c_src, grad, c_dst, n0, dw, tail, accumulate); break;
-      case 2: column_block<2>(count, src, dst, feats, c_src, grad, c_dst, n0, dw, tail, accumulate); break;
-      case 3: column_block<3>(count, src, dst, feats, c_src, grad, c_dst, n0, dw, tail, accumulate); break;
-      default: column_block<4>(count, src, dst, feats, c_src, grad, c_dst, n0, dw, tail, accumulate); break;
-    }
-  }
+  for_column_blocks(c_dst, [&](int64_t n0, auto nv, __mmask16 tail) {
+    constexpr int NV = decltype(nv)::value;
+    row_blocks<kBlockRows<NV>, float>(c_src, c_dst, n0, [&](auto rows, int64_t i0, int64_t pf, int64_t pg) {
+      outer_kernel<decltype(rows)::value, NV>(count, src, dst, feats + i0, c_src, grad + n0, c_dst,
+                                              dw + i0 * c_dst + n0, c_dst, tail, accumulate, pf, pg, feats, grad);
+    });
+  });
 }
 
 }  // namespace torchsparse_pp
@@ -184,17 +163,13 @@ void pair_wgrad(int64_t count, const int32_t* src, const int32_t* dst, const c10
   TORCH_CHECK(bf16_dot_available(), "the bfloat16 pair_wgrad needs AVX512-BF16");
   const auto* f = reinterpret_cast<const uint16_t*>(feats);
   const auto* g = reinterpret_cast<const uint16_t*>(grad);
-  for (int64_t n0 = 0; n0 < c_dst; n0 += 64) {
-    const int64_t w = std::min<int64_t>(64, c_dst - n0);
-    const int nv = static_cast<int>((w + 15) / 16);
-    const __mmask16 tail = static_cast<__mmask16>((1u << (w - 16 * (nv - 1))) - 1u);
-    switch (nv) {
-      case 1: column_block_bf16<1>(count, src, dst, f, c_src, g, c_dst, n0, dw, tail, accumulate); break;
-      case 2: column_block_bf16<2>(count, src, dst, f, c_src, g, c_dst, n0, dw, tail, accumulate); break;
-      case 3: column_block_bf16<3>(count, src, dst, f, c_src, g, c_dst, n0, dw, tail, accumulate); break;
-      default: column_block_bf16<4>(count, src, dst, f, c_src, g, c_dst, n0, dw, tail, accumulate); break;
-    }
-  }
+  for_column_blocks(c_dst, [&](int64_t n0, auto nv, __mmask16 tail) {
+    constexpr int NV = decltype(nv)::value;
+    row_blocks<kBlockRowsBf16<NV>, uint16_t>(c_src, c_dst, n0, [&](auto rows, int64_t i0, int64_t pf, int64_t pg) {
+      outer_kernel_bf16<decltype(rows)::value, NV>(count, src, dst, f + i0, c_src, g + n0, c_dst, dw + i0 * c_dst + n0,
+                                                   c_dst, tail, accumulate, pf, pg, f, g);
+    });
+  });
 }
 
 }  // namespace torchsparse_pp

@@ -42,4 +42,16 @@ inline void with_constant(int64_t value, Fn&& fn) {
   }
 }
 
+// fn(n0, std::integral_constant<int, NV>{}, tail) for the column blocks of at most 64 columns (4
+// vectors of 16) of n columns: NV vectors from n0, the last one under `tail`.
+template <typename Fn>
+inline void for_column_blocks(int64_t n, Fn&& fn) {
+  for (int64_t n0 = 0; n0 < n; n0 += 64) {
+    const int64_t width = n - n0 < 64 ? n - n0 : 64;
+    const int nv = static_cast<int>((width + 15) / 16);
+    const __mmask16 tail = static_cast<__mmask16>((1u << (width - 16 * (nv - 1))) - 1u);
+    with_constant<4>(nv, [&](auto vectors) { fn(n0, vectors, tail); });
+  }
+}
+
 }  // namespace torchsparse_pp
