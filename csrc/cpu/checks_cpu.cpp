@@ -24,6 +24,18 @@ namespace torchsparse_pp {
 
 namespace {
 
+// lo / hi narrowed to the smallest / largest of v[0, n): branch-free, one clone per instruction
+// set (the baseline's SSE2 has no 32-bit min / max; AVX-512 takes 16 values a step).
+TSPP_ROW_CLONES void narrow_bounds(const int32_t* v, int64_t n, int32_t& lo, int32_t& hi) {
+  int32_t mn = lo, mx = hi;
+  for (int64_t i = 0; i < n; ++i) {
+    mn = std::min(mn, v[i]);
+    mx = std::max(mx, v[i]);
+  }
+  lo = mn;
+  hi = mx;
+}
+
 // True when every value of a contiguous int32 tensor lies in [lo, hi). Min / max per range
 // (branch-free, so it vectorises); the checks run on every call of the public ops.
 bool all_in_range(const at::Tensor& t, int64_t lo, int64_t hi) {
@@ -31,10 +43,7 @@ bool all_in_range(const at::Tensor& t, int64_t lo, int64_t hi) {
   std::atomic<bool> ok{true};
   at::parallel_for(0, t.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
     int32_t mn = std::numeric_limits<int32_t>::max(), mx = std::numeric_limits<int32_t>::min();
-    for (int64_t i = begin; i < end; ++i) {
-      mn = std::min(mn, v[i]);
-      mx = std::max(mx, v[i]);
-    }
+    narrow_bounds(v + begin, end - begin, mn, mx);
     if (begin < end && (mn < lo || mx >= hi)) ok = false;
   });
   return ok;
@@ -75,14 +84,10 @@ struct PairScan {
 
 TSPP_ROW_CLONES void scan_pair_range(const int32_t* src, const int32_t* dst, int64_t begin, int64_t end,
                                      PairScan& out) {
-  int32_t lo = out.src_lo, hi = out.src_hi;
+  narrow_bounds(src + begin, end - begin, out.src_lo, out.src_hi);
   int64_t descents = 0;
-  for (int64_t j = begin; j < end; ++j) {
-    lo = std::min(lo, src[j]);
-    hi = std::max(hi, src[j]);
-  }
   for (int64_t j = std::max<int64_t>(begin, 1); j < end; ++j) descents += dst[j] <= dst[j - 1];
-  out = {lo, hi, out.descents + descents};
+  out.descents += descents;
 }
 
 PairScan scan_pairs(const int32_t* src, const int32_t* dst, int64_t n) {
