@@ -3,6 +3,7 @@ residual sums in the conv's epilogue (inside the CPU fetch_on_demand kernel, tor
 elsewhere). The fused model must equal the unfused one in eval mode within float rounding,
 leave the original model alone, and refuse training."""
 import copy
+import itertools
 
 import pytest
 import torch
@@ -164,3 +165,36 @@ def test_fused_op_rejects_bad_epilogue_operands(gen):
         ops.fetch_on_demand_forward_fused(*args, None, torch.randn(len(coords), 3), True)
     with pytest.raises(RuntimeError, match=r"residual must be a CPU tensor of the feats' dtype"):
         ops.fetch_on_demand_forward_fused(*args, None, torch.randn(len(coords), 4, dtype=torch.float64), True)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "none"])
+@pytest.mark.parametrize("c_out", [7, 16, 29, 48, 70])
+def test_bfloat16_epilogue_rounds_as_torch(isa, c_out, gen):
+    """Small-integer features and weights make every float sum exact in any order, so the fused
+    bf16 kernel's only rounding is its epilogue: bias, residual, ReLU in float, then to bfloat16.
+    That must equal torch's own float ops and .to(bfloat16) bit for bit (ties to even included),
+    on every instruction set (AVX-512 runs its own epilogue loop, the others the generic one)."""
+    if isa not in tsp.backends.available_cpu_kernels():
+        pytest.skip(f"this CPU lacks {isa}")
+    start = tsp.backends.cpu_kernels
+    tsp.backends.cpu_kernels = isa
+    try:
+        coords = lidar_coords(int(torch.randint(0, 1000, (1,), generator=gen)), batch=1)
+        c_in = int(torch.randint(3, 40, (1,), generator=gen))
+        feats = torch.randint(-8, 9, (len(coords), c_in), generator=gen).float()
+        weight = torch.randint(-8, 9, (27, c_in, c_out), generator=gen).float()
+        bias = (torch.randn(c_out, generator=gen) * 30).bfloat16()
+        residual = (torch.randn(len(coords), c_out, generator=gen) * 50).bfloat16()
+        config = ConvConfig("fetch_on_demand")
+        with torch.no_grad():
+            sums = conv3d(tsp.SparseTensor(feats, coords), weight, 3, config=config).F
+            assert sums.abs().max() < 2 ** 24  # exact in float32
+            for b, r, relu in itertools.product((bias, None), (residual, None), (True, False)):
+                out = conv3d(tsp.SparseTensor(feats.bfloat16(), coords), weight.bfloat16(), 3, bias=b,
+                             config=config, epilogue=Epilogue(r, relu)).F
+                ref = sums if b is None else sums + b.float()
+                ref = ref if r is None else ref + r.float()
+                ref = (ref.relu() if relu else ref).bfloat16()
+                assert out.dtype == torch.bfloat16 and torch.equal(out, ref), (b is not None, r is not None, relu)
+    finally:
+        tsp.backends.cpu_kernels = start

@@ -2,6 +2,7 @@
 #include "row_ops.h"
 
 #include "cpu_features.h"
+#include "epilogue_avx512.h"
 
 #include <cstdint>
 #include <type_traits>
@@ -104,9 +105,19 @@ void epilogue_rows(double* rows, int64_t count, int64_t n, const double* bias, c
   if (bias != nullptr || residual != nullptr || relu) epilogue_impl(rows, count, n, bias, residual, relu, rows);
 }
 
-TSPP_ROW_CLONES void epilogue_narrow_rows(const float* rows, int64_t count, int64_t n, const float* bias,
-                                          const c10::BFloat16* residual, bool relu, c10::BFloat16* out) {
+namespace {
+
+TSPP_ROW_CLONES void epilogue_narrow_generic(const float* rows, int64_t count, int64_t n, const float* bias,
+                                             const c10::BFloat16* residual, bool relu, c10::BFloat16* out) {
   epilogue_impl(rows, count, n, bias, residual, relu, out);
+}
+
+}  // namespace
+
+void epilogue_narrow_rows(const float* rows, int64_t count, int64_t n, const float* bias,
+                          const c10::BFloat16* residual, bool relu, c10::BFloat16* out) {
+  if (epilogue_avx512_available()) return epilogue_narrow_rows_avx512(rows, count, n, bias, residual, relu, out);
+  epilogue_narrow_generic(rows, count, n, bias, residual, relu, out);
 }
 
 TSPP_ROW_CLONES void scatter_add_rows(const float* rows, int64_t count, int64_t n, const int32_t* dst, float* out) {

@@ -118,17 +118,25 @@ class Conv3d(nn.Module):
     def _folded(self, norm) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(kernel, bias) with ``norm`` folded in, kept until the norm, a parameter or a running
         statistic changes (tensor identity and in-place version), so repeated inference calls do
-        not fold again. A compiled graph folds in the graph (the cache is Python state)."""
+        not fold again (nor, under autocast, cast again). A compiled graph folds in the graph (the
+        cache is Python state)."""
         if torch.compiler.is_compiling():
             return fold_batchnorm(self.kernel, self.bias, norm)
         tensors = (self.kernel, self.bias, norm.weight, norm.bias, norm.running_mean, norm.running_var)
         key = (norm, norm.eps, norm.affine) + tuple((t, None if t is None else t._version) for t in tensors)
         cached = self.__dict__.get("_folded_cache")
-        if cached is not None and all((a[0] is b[0] and a[1] == b[1]) if isinstance(a, tuple) else a == b
-                                      for a, b in zip(cached[0], key)):
-            return cached[1], cached[2]
-        kernel, bias = fold_batchnorm(self.kernel, self.bias, norm)
-        self.__dict__["_folded_cache"] = (key, kernel, bias)
+        if cached is None or not all((a[0] is b[0] and a[1] == b[1]) if isinstance(a, tuple) else a == b
+                                     for a, b in zip(cached[0], key)):
+            cached = (key, *fold_batchnorm(self.kernel, self.bias, norm), {})
+            self.__dict__["_folded_cache"] = cached
+        _, kernel, bias, casts = cached
+        # Under autocast the conv would cast the folded tensors on every call: keep the casts too.
+        device_type = kernel.device.type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            if dtype not in casts:
+                casts[dtype] = (kernel.to(dtype), None if bias is None else bias.to(dtype))
+            return casts[dtype]
         return kernel, bias
 
     def _folds(self, norm, input: SparseTensor, residual: Optional[SparseTensor]) -> bool:
