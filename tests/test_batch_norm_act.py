@@ -320,3 +320,25 @@ def test_ops_reject_bad_tensors(gen):
         ops.batch_norm_apply(x, torch.ones(3), torch.zeros(3), torch.randn(5, 3, generator=gen), False)
     with pytest.raises(RuntimeError, match="contiguous"):
         ops.batch_norm_apply(torch.randn(3, 6, generator=gen).t(), torch.ones(3), torch.zeros(3), None, False)
+
+
+def test_folded_kernels_under_autocast_follow_parameter_changes(gen):
+    """Under autocast the folded kernels are also kept in the autocast dtype; an in-place change
+    of a parameter or statistic refolds and recasts them (the result equals a fresh copy's)."""
+    block = ResidualBlock(6, 8)
+    randomise(block, gen)
+    block.eval()
+    x = sparse_input(gen, 400, 6, dtype=torch.float32)
+
+    def run(module):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return module(x).F
+
+    first = run(block)
+    assert first.dtype == torch.bfloat16 and torch.equal(run(block), first)
+    with torch.no_grad():
+        block.body[0].kernel.mul_(-0.5)  # the first conv's weight changes in place
+        next(m for m in block.modules() if isinstance(m, BatchNorm)).running_var.mul_(3.0)
+    again = run(block)
+    assert not torch.equal(again, first)
+    assert torch.equal(again, run(copy.deepcopy(block)))
