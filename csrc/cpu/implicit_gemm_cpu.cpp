@@ -36,6 +36,9 @@ namespace {
 // A segment has at most this many rows, and its im2col block at most kIm2colValues values.
 constexpr int64_t kMaxSegmentRows = 128;
 constexpr int64_t kIm2colValues = int64_t(1) << 17;
+// Weight-gradient work items (groups of consecutive segments, each with its own partial dW):
+// enough for dynamic balance over the threads of a desktop or a small server.
+constexpr int64_t kWgradItems = 32;
 
 struct Plan {
   int64_t splits, tiles, words, tile_rows, padded;
@@ -406,10 +409,13 @@ at::Tensor wgrad_impl(Tiles, const at::Tensor& feats, const at::Tensor& grad, co
   const int64_t K = table.size(1), c_src = feats.size(1), c_dst = grad.size(1);
   const auto segs = segments(plan);
   const int64_t num_segs = static_cast<int64_t>(segs.size());
-  // Bound the partials to ~32 MiB; the grouping depends on sizes only, never on threads.
+  // At most kWgradItems items (each partial is zeroed and added once: with 8 segments per item
+  // those passes took a third of a small layer's weight gradient), and the partials bound to
+  // ~32 MiB; the grouping depends on sizes only, never on threads.
   const int64_t partial_elems = K * c_src * c_dst;
   const int64_t per_item = std::max<int64_t>(
-      8, (num_segs * partial_elems * static_cast<int64_t>(sizeof(M)) >> 25) + 1);
+      {int64_t(8), (num_segs + kWgradItems - 1) / kWgradItems,
+       (num_segs * partial_elems * static_cast<int64_t>(sizeof(M)) >> 25) + 1});
   const int64_t items = (num_segs + per_item - 1) / per_item;
   at::Tensor partials = at::zeros({items, partial_elems}, feats.options().dtype(math));
   const T* f = feats.data_ptr<T>();
