@@ -342,3 +342,21 @@ def test_folded_kernels_under_autocast_follow_parameter_changes(gen):
     again = run(block)
     assert not torch.equal(again, first)
     assert torch.equal(again, run(copy.deepcopy(block)))
+
+
+def test_folded_kernels_follow_storage_swaps(gen):
+    """`p.data = ...` (old-style weight loading) gives a parameter new storage without a new
+    version: the folded kernels must not be reused then (they were, silently)."""
+    block = ResidualBlock(5, 6).double()
+    randomise(block, gen)
+    block.eval()
+    x = sparse_input(gen, 300, 5)
+    with torch.no_grad():
+        first = block(x).F
+        norm = next(m for m in block.modules() if isinstance(m, BatchNorm))
+        block.body[0].kernel.data = block.body[0].kernel.data * -2.0
+        norm.running_mean.data = norm.running_mean.data + 0.5
+        again = block(x).F
+        expected = module_by_module(block, x)
+    assert (again - first).abs().max() > 1e-3
+    torch.testing.assert_close(again, expected.F, rtol=1e-10, atol=1e-10)

@@ -117,13 +117,15 @@ class Conv3d(nn.Module):
 
     def _folded(self, norm) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(kernel, bias) with ``norm`` folded in, kept until the norm, a parameter or a running
-        statistic changes (tensor identity and in-place version), so repeated inference calls do
-        not fold again (nor, under autocast, cast again). A compiled graph folds in the graph (the
-        cache is Python state)."""
+        statistic changes (tensor identity, in-place version and storage), so repeated inference
+        calls do not fold again (nor, under autocast, cast again). A compiled graph folds in the
+        graph (the cache is Python state)."""
         if torch.compiler.is_compiling():
             return fold_batchnorm(self.kernel, self.bias, norm)
         tensors = (self.kernel, self.bias, norm.weight, norm.bias, norm.running_mean, norm.running_var)
-        key = (norm, norm.eps, norm.affine) + tuple((t, None if t is None else t._version) for t in tensors)
+        # The data pointer too: `p.data = ...` swaps a parameter's storage without a new version.
+        key = (norm, norm.eps, norm.affine) + tuple((t, None if t is None else (t._version, t.data_ptr()))
+                                                    for t in tensors)
         cached = self.__dict__.get("_folded_cache")
         if cached is None or not all((a[0] is b[0] and a[1] == b[1]) if isinstance(a, tuple) else a == b
                                      for a, b in zip(cached[0], key)):
