@@ -116,7 +116,10 @@ TSPP_AVX512_BF16_TARGET void kernel_bf16(int64_t terms, const c10::BFloat16* con
         dot_pair<MR, NV>(acc[0], a, w + p * N, p, false, tail);
         dot_pair<MR, NV>(acc[1], a, w + (p + 1) * N, p + 1, false, tail);
       }
-    for (; p < pairs; ++p) dot_pair<MR, NV>(acc[0], a, w + p * N, p, p == full, tail);
+    // Whole pairs with `half` fixed: every row's pair is then one broadcast load (a per-pair
+    // test made the compiler build some pairs in a general register).
+    for (; p < full; ++p) dot_pair<MR, NV>(acc[0], a, w + p * N, p, false, tail);
+    if (p < pairs) dot_pair<MR, NV>(acc[0], a, w + p * N, p, true, tail);
   }
   if constexpr (kSets == 2)
 #pragma GCC unroll 8
