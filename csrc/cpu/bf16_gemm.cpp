@@ -11,6 +11,9 @@
 #include "pair_gemm.h"
 #include "register_tile.h"
 
+// GCC 12 warns of the intrinsic headers' own undefined operands (_mm512_undefined_*).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 namespace torchsparse_pp {
 
 namespace {

@@ -15,6 +15,9 @@
 #include "pair_gemm_avx2.h"
 #include "register_tile.h"
 
+// GCC 12 warns of the intrinsic headers' own undefined operands (_mm512_undefined_*).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 namespace torchsparse_pp {
 
 namespace {

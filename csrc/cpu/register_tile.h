@@ -17,8 +17,14 @@ template <int NV>
 TSPP_AVX512_TARGET inline void store_register_row(__m512 (&acc)[NV], float* row, __mmask16 tail, bool accumulate) {
 #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) {
-    const __mmask16 k = v == NV - 1 ? tail : __mmask16(0xFFFF);
     float* c = row + 16 * v;
+    // Plain loads and stores where the vector is whole (masked ones cost more on some cores;
+    // an all-ones mask compiles to a plain load, without GCC 12's warning on _mm512_loadu_ps).
+    if (v < NV - 1 || tail == __mmask16(0xFFFF)) {
+      _mm512_storeu_ps(c, accumulate ? _mm512_add_ps(acc[v], _mm512_maskz_loadu_ps(__mmask16(0xFFFF), c)) : acc[v]);
+      continue;
+    }
+    const __mmask16 k = v == NV - 1 ? tail : __mmask16(0xFFFF);
     const __m512 sum = accumulate ? _mm512_add_ps(acc[v], _mm512_maskz_loadu_ps(k, c)) : acc[v];
     _mm512_mask_storeu_ps(c, k, sum);
   }
