@@ -29,9 +29,10 @@ inline int64_t pair_chunk_rows(int64_t c_src, int64_t c_dst) {
 // Destination rows per block: blocks of at most ~256 KiB of float output (it stays in L2 across
 // the offsets, with room for the gathered rows: on a Zen 5's 1 MiB L2, 48-wide layers ran 3-9 %
 // faster than with 512 KiB blocks, 128-wide ones 1 % slower), equal in size and as many as a
-// multiple of the threads, so that no thread waits on a last odd block. Small outputs (coarse levels, small scenes) get up to kBlocksPerThread blocks
-// per thread (1-3 blocks once left threads idle) while each keeps its work above kMinBlockMacs
-// and kBlockMacsPerWeight x the weight, which every block reads whole.
+// multiple of the threads, so that no thread waits on a last odd block. Small outputs (coarse
+// levels, small scenes) get up to kBlocksPerThread blocks per thread (1-3 blocks once left
+// threads idle) while each keeps its work above kMinBlockMacs and kBlockMacsPerWeight x the
+// weight, which every block reads whole.
 constexpr int64_t kBlocksPerThread = 4;
 constexpr int64_t kMinBlockMacs = int64_t(1) << 20;
 constexpr int64_t kBlockMacsPerWeight = 256;

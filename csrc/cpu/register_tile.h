@@ -19,14 +19,15 @@ TSPP_AVX512_TARGET inline void store_register_row(__m512 (&acc)[NV], float* row,
   for (int v = 0; v < NV; ++v) {
     float* c = row + 16 * v;
     // Plain loads and stores where the vector is whole (masked ones cost more on some cores;
-    // an all-ones mask compiles to a plain load, without GCC 12's warning on _mm512_loadu_ps).
+    // a constant all-ones mask compiles to a plain load, without GCC 12's warning on
+    // _mm512_loadu_ps); only a partial last vector takes the tail mask.
     if (v < NV - 1 || tail == __mmask16(0xFFFF)) {
-      _mm512_storeu_ps(c, accumulate ? _mm512_add_ps(acc[v], _mm512_maskz_loadu_ps(__mmask16(0xFFFF), c)) : acc[v]);
+      const __m512 whole = _mm512_maskz_loadu_ps(__mmask16(0xFFFF), c);
+      _mm512_storeu_ps(c, accumulate ? _mm512_add_ps(acc[v], whole) : acc[v]);
       continue;
     }
-    const __mmask16 k = v == NV - 1 ? tail : __mmask16(0xFFFF);
-    const __m512 sum = accumulate ? _mm512_add_ps(acc[v], _mm512_maskz_loadu_ps(k, c)) : acc[v];
-    _mm512_mask_storeu_ps(c, k, sum);
+    const __m512 sum = accumulate ? _mm512_add_ps(acc[v], _mm512_maskz_loadu_ps(tail, c)) : acc[v];
+    _mm512_mask_storeu_ps(c, tail, sum);
   }
 }
 
