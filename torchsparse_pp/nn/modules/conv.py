@@ -141,6 +141,13 @@ class Conv3d(nn.Module):
             return casts[dtype]
         return kernel, bias
 
+    def __getstate__(self):
+        # The folded-kernel cache is derived state: copies and pickles (torch.save(model)) leave it
+        # out instead of carrying extra tensors.
+        state = dict(super().__getstate__())
+        state.pop("_folded_cache", None)
+        return state
+
     def _folds(self, norm, input: SparseTensor, residual: Optional[SparseTensor]) -> bool:
         """Whether this call runs with ``norm`` folded: inference on running statistics, and a
         residual (if any) on the output's coordinates."""
