@@ -117,7 +117,11 @@ int32_t count_pairs(const int32_t* m, int64_t K, int64_t r0, int64_t r1, int64_t
 
 // count_pairs for K <= 32 with AVX-512: a row is two vector loads, its present offsets one
 // compare each, and the counters two vectors of lanes (no loop over the row's set bits, whose
-// exit mispredicts). Lanes past K read as -1 (absent).
+// exit mispredicts). Lanes past K read as -1 (absent). (GCC 12 warns of the intrinsic headers'
+// own undefined operands, _mm512_undefined_*, in it: silenced for this function.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 TSPP_AVX512_TARGET int32_t count_pairs_avx512(const int32_t* m, int64_t K, int64_t r0, int64_t r1, int64_t* cnt,
                                               uint64_t* masks) {
   const __mmask16 low = K >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << K) - 1);
@@ -140,6 +144,7 @@ TSPP_AVX512_TARGET int32_t count_pairs_avx512(const int32_t* m, int64_t K, int64
   for (int64_t k = 0; k < K; ++k) cnt[k] += lanes[k];
   return _mm512_reduce_max_epi32(largest);
 }
+#pragma GCC diagnostic pop
 
 // count_pairs for K <= 8 * Parts with AVX2: the same scheme in 8-lane vectors. Masked loads keep
 // the last row's reads inside the table; their masked-off lanes read 0, so they are set to -1.
