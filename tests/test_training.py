@@ -92,7 +92,10 @@ def test_resume_continues_bit_exactly(kitti_root, tmp_path):
     assert len(full.losses) == 6
     assert resumed.losses == full.losses[3:]
     final_full, final_resumed = full.model.state_dict(), resumed.model.state_dict()
-    assert all(torch.equal(final_full[k], final_resumed[k]) for k in final_full)
+    # On failure, name what differs and by how much (this failed twice in full suites, never alone).
+    differing = {k: float((final_full[k].double() - final_resumed[k].double()).abs().max())
+                 for k in final_full if not torch.equal(final_full[k], final_resumed[k])}
+    assert not differing, f"{len(differing)} of {len(final_full)} state entries differ: {differing}"
 
 
 def test_resume_on_another_process_count_keeps_the_samples_per_step(kitti_root, tmp_path):
