@@ -186,24 +186,14 @@ void columns(int64_t rows, int64_t terms, const T* const* a, int64_t K, const T*
   static_assert(MR <= 6, "6 rows x 4 vectors of accumulators fill the registers");
   const T* wn[64];
   float* on[8];
-  for (int64_t n0 = 0; n0 < N; n0 += 64) {
-    const int64_t w = std::min<int64_t>(64, N - n0);
-    const int nv = static_cast<int>((w + 15) / 16);
-    const __mmask16 tail = static_cast<__mmask16>((1u << (w - 16 * (nv - 1))) - 1u);
+  for_column_blocks(N, [&](int64_t n0, auto nv, __mmask16 tail) {
     for (int64_t m = 0; m < rows; ++m) on[m] = out_rows[m] + n0;
     for (int64_t j0 = 0; j0 < terms; j0 += 64) {
       const int64_t nj = std::min<int64_t>(64, terms - j0);
       for (int64_t j = 0; j < nj; ++j) wn[j] = W[j0 + j] + n0 * Kernels<T>::w_column_stride();
-      const bool add = accumulate || j0 > 0;
-      const T* const* aj = a + j0 * MR;
-      switch (nv) {
-        case 1: group<T, 1, MR>(rows, nj, aj, K, wn, N, on, tail, add); break;
-        case 2: group<T, 2, MR>(rows, nj, aj, K, wn, N, on, tail, add); break;
-        case 3: group<T, 3, MR>(rows, nj, aj, K, wn, N, on, tail, add); break;
-        default: group<T, 4, MR>(rows, nj, aj, K, wn, N, on, tail, add); break;
-      }
+      group<T, decltype(nv)::value, MR>(rows, nj, a + j0 * MR, K, wn, N, on, tail, accumulate || j0 > 0);
     }
-  }
+  });
 }
 
 // Narrow operands (K x N within 24 vectors: the stem's 4 -> 16, 16 -> 16 or 12 -> 32 layers):

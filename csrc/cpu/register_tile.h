@@ -20,13 +20,15 @@ TSPP_AVX512_TARGET inline void store_register_row(__m512 (&acc)[NV], float* row,
     float* c = row + 16 * v;
     // Plain loads and stores where the vector is whole (masked ones cost more on some cores;
     // a constant all-ones mask compiles to a plain load, without GCC 12's warning on
-    // _mm512_loadu_ps); only a partial last vector takes the tail mask.
+    // _mm512_loadu_ps); only a partial last vector takes the tail mask. The output is read
+    // only when summed into.
+    __m512 sum = acc[v];
     if (v < NV - 1 || tail == __mmask16(0xFFFF)) {
-      const __m512 whole = _mm512_maskz_loadu_ps(__mmask16(0xFFFF), c);
-      _mm512_storeu_ps(c, accumulate ? _mm512_add_ps(acc[v], whole) : acc[v]);
+      if (accumulate) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(__mmask16(0xFFFF), c));
+      _mm512_storeu_ps(c, sum);
       continue;
     }
-    const __m512 sum = accumulate ? _mm512_add_ps(acc[v], _mm512_maskz_loadu_ps(tail, c)) : acc[v];
+    if (accumulate) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(tail, c));
     _mm512_mask_storeu_ps(c, tail, sum);
   }
 }
