@@ -213,7 +213,10 @@ def test_minkunet_autocast_training_step_eager_and_compiled():
     eager = MinkUNet(in_channels=4, num_classes=5, cr=0.125).train()
     model = copy.deepcopy(eager)
     reference = copy.deepcopy(eager)
-    coords = random_coords(gen, 500, batch=2, low=-8, high=8)
+    # Enough points that the stride-8 level keeps ~100 rows: batch-statistics BatchNorm over the
+    # 16 rows a 16^3 box leaves there amplifies bf16 rounding ~1.3x per layer (up to 6.5 % at the
+    # logits in 4 of 81 seeds); with these points the worst of 107 seeds was 3.2 %.
+    coords = random_coords(gen, 1500, batch=2, low=-16, high=16)
     feats = torch.randn(len(coords), 4, generator=gen)
     labels = torch.randint(0, 5, (len(coords),), generator=gen)
 
