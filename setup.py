@@ -37,7 +37,11 @@ def _build_cuda():
 
 def _extension():
     cpp_sources = _sources("csrc/*.cpp") + _sources("csrc/cpu/**/*.cpp")
-    cxx_flags = ["-O3", "-fopenmp"]
+    # No implicit fused multiply-adds: GCC contracts a*b + c*d + e one way in a vectorised loop and
+    # another in its scalar fallback, and which of the two runs can hang on where the heap put
+    # a buffer (runtime alias / alignment checks), so results changed bits from run to run
+    # (BatchNorm's backward on 8 channels). Kernels that want FMAs write them as intrinsics.
+    cxx_flags = ["-O3", "-fopenmp", "-ffp-contract=off"]
     link_flags = ["-fopenmp"]
     if _build_cuda():
         # cpp_extension reads the architectures from this variable.
