@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../common/kernel_geometry.h"
@@ -102,6 +103,11 @@ inline void check_pairs_arguments(const at::Tensor& out_in, int64_t num_in, int6
   TORCH_CHECK(num_out <= out_in.size(0), "num_out (", num_out, ") exceeds the rows of out_in (", out_in.size(0),
               ")");
 }
+
+// kmap_pairs on the CPU (kmap_cpu.cpp): per offset, the map's (input, output) rows in output
+// row order, with the offsets' bounds and which offsets are the identity.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kmap_pairs_cpu(const at::Tensor& out_in,
+                                                                          int64_t num_in, int64_t num_out);
 
 // Shape of a kmap_plan: offset splits (bounds), 64-bit mask words per row, tiles of rows.
 struct PlanShape {

@@ -26,8 +26,10 @@ def implicit_gemm_forward(feats: torch.Tensor, weight: torch.Tensor, table: torc
 def implicit_gemm_wgrad(feats: torch.Tensor, grad_out: torch.Tensor, table: torch.Tensor,
                         bounds: torch.Tensor, order: torch.Tensor, tile_masks: torch.Tensor,
                         tile_rows: int, allow_tf32: bool = False) -> torch.Tensor:
-    """``dW[k] = sum_r feats[table[r, k]]^T grad_out[r]``, tile by tile (checks as in
-    implicit_gemm_forward)."""
+    """``dW[k] = sum_r feats[table[r, k]]^T grad_out[r]`` (checks as in implicit_gemm_forward:
+    the plan must belong to the table). CUDA sums tile by tile; the CPU per offset over the
+    table's rows that have a neighbour through it, in row order (the fetch_on_demand weight
+    gradient on kmap_pairs(table), bit for bit)."""
     if backends.validate_plans:
         validate_plan(table, grad_out.shape[0], feats.shape[0], bounds, order, tile_masks, tile_rows)
     return _ops.implicit_gemm_wgrad(feats, grad_out, table, bounds, order, tile_masks, tile_rows, allow_tf32)
