@@ -17,8 +17,8 @@
 // Finite weights (the common case) cost one scan. The weight gradient runs per offset over the
 // table's pairs (kmap_pairs), which hold present neighbours only.
 #include <ATen/Dispatch.h>
-#include <immintrin.h>
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 #include <torch/library.h>
 
 #include "checks_cpu.h"
