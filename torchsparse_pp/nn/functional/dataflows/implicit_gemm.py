@@ -6,11 +6,12 @@ atomics unless deterministic mode asks for one chunk per offset.
 
 The native CPU weight gradient sums per offset over the map's pairs: ops.implicit_gemm_wgrad
 computes exactly that from the table (bit for bit the fetch_on_demand weight gradient), so the
-pass takes the pairs cached on the map and that op's kernel rather than rebuilding the pairs
-and checking the plan on every call (~26 ms of a MinkUNet 0.5x backward on 2 Zen 5 threads).
+pass is fetch_on_demand's, on the pairs cached on the map, rather than rebuilding the pairs and
+checking the plan on every call (~26 ms of a MinkUNet 0.5x backward on 2 Zen 5 threads).
 """
 from .... import ops
 from ....ops.triton import library as triton_ops
+from . import fetch_on_demand
 from .passes import view_passes
 
 # CPU: 8-row tiles waste few MACs on absent neighbours, and consecutive tiles with equal masks
@@ -38,7 +39,7 @@ def operands(view, pass_name, config, deterministic):
     """The table of the rows the pass walks and its plan: ``[table, bounds, order, tile_masks]``;
     for the native CPU weight gradient the map's pairs ``[src, dst, offsets, identity]``."""
     if pass_name == "wgrad" and _native_cpu(view.kmap.out_in.device, config.backend):
-        return list(view.pairs())
+        return fetch_on_demand.operands(view, pass_name, config, deterministic)
     rows = "src" if pass_name == "dgrad" else "dst"
     tile_rows, sort_window = _plan_shape(view.kmap.out_in.device, config.backend)
     splits = min(config.split_mask_num, view.kmap.geometry.volume)
@@ -47,8 +48,7 @@ def operands(view, pass_name, config, deterministic):
 
 def run(pass_name, a, b, tensors, num_src, num_dst, config, deterministic, allow_tf32):
     if pass_name == "wgrad" and _native_cpu(a.device, config.backend):
-        src, dst, offsets, identity = tensors
-        return ops.fetch_on_demand_wgrad(a, b, src, dst, offsets, identity, allow_tf32)
+        return fetch_on_demand.run(pass_name, a, b, tensors, num_src, num_dst, config, deterministic, allow_tf32)
     table, bounds, order, tile_masks = tensors
     tile_rows = _plan_shape(a.device, config.backend)[0]
     if pass_name == "wgrad":
