@@ -14,6 +14,7 @@ from torchsparse_pp.models import MinkUNet
 from torchsparse_pp.utils.quantize import sparse_quantize
 
 VOXEL, CROP = 0.1, 12.0  # metres: a crop around the sensor keeps the test small
+MIN_STEPS, MAX_STEPS = 24, 96
 
 
 def labelled_scan(seed: int):
@@ -36,24 +37,39 @@ def test_bf16_autocast_keeps_a_trained_minkunets_argmax(seed):
     classes = int(max(t[2].max() for t in train + [(coords, feats, labels)])) + 1
     model = MinkUNet(4, classes, cr=0.25)
     optimizer = torch.optim.Adam(model.parameters(), 3e-3)
-    for step in range(24):
+    seen_labels = train[0][2]
+    majority = float(torch.bincount(seen_labels).max()) / len(seen_labels)
+    target = max(0.5, majority + 0.1)
+    # At least MIN_STEPS (fewer leave near-tied logits: one seed in 250 stopped at 8 steps and
+    # agreed on 98.8 %), then rounds of 8 until a clear margin over the majority class (a fixed
+    # 24 steps left CI seed 2440148641 at the majority rate).
+    for step in range(MAX_STEPS):
         c, f, y = train[step % len(train)]
         loss = torch.nn.functional.cross_entropy(model(SparseTensor(f, c)), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if step + 1 >= MIN_STEPS and step % 8 == 7 and accuracy(model, *train[0]) > target:
+            break
+    learned = accuracy(model, *train[0])
+    assert learned > target, (
+        f"the model did not learn in {MAX_STEPS} steps (accuracy {learned:.3f} on a training scan, "
+        f"majority class {majority:.3f}): the agreement would mean little")
     model.eval()
     with torch.no_grad():
         seen, held_out = [predictions(model, c, f) for c, f, _ in (train[0], (coords, feats, labels))]
-    seen_labels = train[0][2]
-    learned = float((seen[0].argmax(1) == seen_labels).double().mean())
-    majority = float(torch.bincount(seen_labels).max()) / len(seen_labels)
-    assert learned > max(0.4, majority), (
-        f"the model did not learn (accuracy {learned:.3f} on a training scan, majority class "
-        f"{majority:.3f}): the agreement would mean little")
     for fp32, bf16 in (seen, held_out):
         agreement = float((bf16.float().argmax(1) == fp32.argmax(1)).double().mean())
         assert agreement >= 0.99, f"bf16 argmax agrees with float32 on {agreement:.4f} of {len(fp32)} voxels"
+
+
+def accuracy(model, coords, feats, labels) -> float:
+    """Float32 argmax accuracy in eval mode (running BatchNorm statistics); leaves the model training."""
+    model.eval()
+    with torch.no_grad():
+        hits = (model(SparseTensor(feats, coords)).argmax(1) == labels).double().mean()
+    model.train()
+    return float(hits)
 
 
 def predictions(model, coords, feats):
