@@ -80,15 +80,23 @@ bool register_rows(const KmapPlan& plan, int64_t s, int64_t pos0, int64_t pos1, 
         covered &= (present[m] & ~plan.mask(s, (pos + m) / plan.tile_rows)[(k0 - b0) / 64]) == 0;
         any |= present[m];
       }
+      // Terms in offset order; every slot starts at the zero row, then each row fills its
+      // present ones (~5 of a group's ~7 terms on LiDAR maps): no select per (row, term).
+      const int64_t first = g.used;
+      uint8_t term_of[64];
       for (; any != 0; any &= any - 1) {
-        const int64_t j = __builtin_ctzll(any), k = k0 + j;
-        for (int64_t m = 0; m < g.rows; ++m) {
-          const T* row = (present[m] >> j) & 1 ? f + int64_t(table_rows[m][k]) * c_src : zeros;
-          g.a[g.used * kRowGroup + m] = row;
+        const int64_t j = __builtin_ctzll(any);
+        term_of[j] = static_cast<uint8_t>(g.used - first);
+        g.w[g.used++] = wp + (k0 + j) * k_len * c_dst;
+      }
+      std::fill(g.a + first * kRowGroup, g.a + g.used * kRowGroup, zeros);
+      for (int64_t m = 0; m < g.rows; ++m)
+        for (uint64_t bits = present[m]; bits != 0; bits &= bits - 1) {
+          const int64_t j = __builtin_ctzll(bits);
+          const T* row = f + int64_t(table_rows[m][k0 + j]) * c_src;
+          g.a[(first + term_of[j]) * kRowGroup + m] = row;
           prefetch_row(row, c_src);
         }
-        g.w[g.used++] = wp + k * k_len * c_dst;
-      }
     }
   };
   build(pos0, groups[0]);
