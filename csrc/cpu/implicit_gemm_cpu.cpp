@@ -2,11 +2,12 @@
 //
 // Float32 and bfloat16 with finite weights run the register kernels (implicit_gemm_registers.h):
 // groups of rows sum every offset one of them has in registers. Otherwise (double, no AVX2,
-// Inf / NaN in the weight) the tile GEMMs below run. A tile gathers, for each offset that any of its rows uses (the OR of the rows' bitmasks),
-// the rows' neighbours into an im2col block (zeros where a row has none) and multiplies it by
-// the matching rows of the stacked weight [K * C_in, C_out]. Runs of consecutive offsets are
-// contiguous in the weight, so each run is one GEMM and weights are never copied. Each output
-// row belongs to one tile, so results are written straight to the output, without atomics.
+// Inf / NaN in the weight) the tile GEMMs below run. A tile gathers, for each offset that any
+// of its rows uses (the OR of the rows' bitmasks), the rows' neighbours into an im2col block
+// (zeros where a row has none) and multiplies it by the matching rows of the stacked weight
+// [K * C_in, C_out]. Runs of consecutive offsets are contiguous in the weight, so each run is
+// one GEMM and weights are never copied. Each output row belongs to one tile, so results are
+// written straight to the output, without atomics.
 //
 // A plan (kmap_plan) splits the offsets into ranges; sorted plans reorder rows by bitmask per
 // split so that tiles share masks and skip more offsets. Consecutive tiles with equal masks run
