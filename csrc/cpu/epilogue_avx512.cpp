@@ -5,6 +5,7 @@
 
 #include "cpu_features.h"
 #include "pair_gemm.h"
+#include "register_tile.h"
 
 #include <immintrin.h>
 
@@ -20,9 +21,6 @@ template <bool Bias, bool Residual, bool Relu>
 TSPP_AVX512_TARGET void narrow_rows(const float* rows, int64_t count, int64_t n, const float* bias,
                                     const uint16_t* residual, uint16_t* out) {
   const __mmask16 tail = static_cast<__mmask16>((1u << (n % 16 == 0 ? 16 : n % 16)) - 1u);
-  const __m512i round_bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
-  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF), infinity = _mm512_set1_epi32(0x7F800000);
-  const __m512i quiet_nan = _mm512_set1_epi32(0x7FC0);
   for (int64_t i = 0; i < count; ++i) {
     const float* d = rows + i * n;
     const uint16_t* r = Residual ? residual + i * n : nullptr;
@@ -36,12 +34,7 @@ TSPP_AVX512_TARGET void narrow_rows(const float* rows, int64_t count, int64_t n,
                                  _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, r + j)), 16)));
       // max returns its second operand for a NaN: 0, as the generic loop's (v > 0 ? v : 0).
       if constexpr (Relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-      // Round to nearest even on the bits, as c10::BFloat16 does; NaN becomes 0x7FC0.
-      const __m512i b = _mm512_castps_si512(v);
-      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), one);
-      __m512i h = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(round_bias, odd)), 16);
-      const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, magnitude), infinity);
-      h = _mm512_mask_mov_epi32(h, nan, quiet_nan);
+      const __m512i h = round_to_bf16_bits(v);
       _mm512_mask_cvtepi32_storeu_epi16(o + j, k, h);
     }
   }

@@ -27,8 +27,9 @@ constexpr int64_t kRegisterItemRows = 16 * kRowGroup;
 // features scattered over the scan, so the loop is pipelined: the next group's operands are
 // built, requesting its feature and output rows, before this group's GEMM (1.4-1.5x on
 // MinkUNet's full-resolution layers on a Zen 5). Output rows O are float, or bfloat16 (one
-// split): the group's float sums then go through a staging block in L1 and are rounded into the
-// output rows, so no float output is written and converted afterwards. `zero_empty`: rows
+// split): the kernel then rounds its sums into the output rows (a group of more than
+// kMaxNarrowRowTerms terms goes through a float staging block in L1), so no float output is
+// written and converted afterwards. `zero_empty`: rows
 // without neighbours get zeros (a split's partial buffer starts at zero). Returns false when a
 // row has a neighbour outside its tile's mask (the plan is not the table's; the caller raises).
 template <typename T, typename A, typename O>
@@ -39,10 +40,11 @@ bool register_rows(const KmapPlan& plan, int64_t s, int64_t pos0, int64_t pos1, 
   const int64_t b0 = plan.bounds[s], b1 = plan.bounds[s + 1], span = b1 - b0;
   const T* zeros = scratch_zeros<T>(c_src);
   float* sink = scratch<float, 3>(kNarrow ? 2 * kRowGroup * c_dst : c_dst);  // bf16: the staging blocks
+  O* narrow_sink = kNarrow ? scratch<O, 3>(c_dst) : nullptr;  // bf16: padding slots write here
   struct Group {
     int64_t rows = 0, used = 0;
     float* out[kRowGroup];
-    O* final[kRowGroup];  // bf16: the output rows (null for padding), out[] being staging rows
+    O* final[kRowGroup];  // bf16: the output rows (padding: a sink row), out[] being staging rows
     const T** a;
     const A** w;
   } groups[2];
@@ -53,7 +55,7 @@ bool register_rows(const KmapPlan& plan, int64_t s, int64_t pos0, int64_t pos1, 
   const auto place_row = [&](Group& g, int64_t m, int64_t r) {
     if constexpr (kNarrow) {
       g.out[m] = sink + ((&g - groups) * kRowGroup + m) * c_dst;
-      g.final[m] = r < 0 ? nullptr : dst + r * c_dst;
+      g.final[m] = r < 0 ? narrow_sink : dst + r * c_dst;
     } else {
       g.out[m] = r < 0 ? sink : dst + r * c_dst;
     }
@@ -103,13 +105,23 @@ bool register_rows(const KmapPlan& plan, int64_t s, int64_t pos0, int64_t pos1, 
   for (int64_t pos = pos0, i = 0; pos < pos1; pos += kRowGroup, i ^= 1) {
     if (pos + kRowGroup < pos1) build(pos + kRowGroup, groups[i ^ 1]);
     const Group& g = groups[i];
-    if (g.used > 0)
+    if constexpr (kNarrow) {
+      // The kernel rounds its own sums with packed bf16 weights (A); float weights, or more
+      // terms than one kernel call takes, go through the float staging rows.
+      if (!std::is_same_v<A, c10::BFloat16> || g.used > kMaxNarrowRowTerms) {
+        rows_gemm(g.rows, g.used, g.a, c_src, g.w, c_dst, g.out, false);
+        for (int64_t m = 0; m < g.rows; ++m)
+          epilogue_narrow_rows(g.out[m], 1, c_dst, nullptr, nullptr, false, g.final[m]);
+      } else if (g.used > 0) {
+        if constexpr (std::is_same_v<A, c10::BFloat16>) rows_gemm(g.rows, g.used, g.a, c_src, g.w, c_dst, g.final);
+      } else {
+        for (int64_t m = 0; m < g.rows; ++m) std::fill(g.final[m], g.final[m] + c_dst, O(0));
+      }
+    } else if (g.used > 0) {
       rows_gemm(g.rows, g.used, g.a, c_src, g.w, c_dst, g.out, false);
-    else if (zero_empty || kNarrow)
+    } else if (zero_empty) {
       for (int64_t m = 0; m < g.rows; ++m) std::fill(g.out[m], g.out[m] + c_dst, 0.f);
-    if constexpr (kNarrow)
-      for (int64_t m = 0; m < g.rows; ++m)
-        if (g.final[m] != nullptr) epilogue_narrow_rows(g.out[m], 1, c_dst, nullptr, nullptr, false, g.final[m]);
+    }
   }
   return covered;
 }

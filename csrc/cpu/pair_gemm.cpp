@@ -40,6 +40,14 @@ TSPP_AVX512_TARGET inline void write_rows(__m512 (&acc)[MR][NV], float* const* o
   for (int m = 0; m < MR; ++m) store_register_row<NV>(acc[m], out_rows[m], tail, accumulate);
 }
 
+// bfloat16 rows take whole sums only (the caller never accumulates into them).
+template <int MR, int NV>
+TSPP_AVX512_TARGET inline void write_rows(__m512 (&acc)[MR][NV], c10::BFloat16* const* out_rows, __mmask16 tail,
+                                          bool /*accumulate: false*/) {
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) store_register_row_bf16<NV>(acc[m], reinterpret_cast<uint16_t*>(out_rows[m]), tail);
+}
+
 // MR rows by NV vectors of 16 output columns, float32, summed over `terms` products: term j
 // multiplies rows a_rows[j * MR + m] by W_terms[j] ([K, N] row-major, column offset applied).
 template <int MR, int NV>
@@ -94,9 +102,9 @@ TSPP_AVX512_BF16_TARGET inline __attribute__((always_inline)) void dot_pair(__m5
 // The same for bfloat16: pairs of K per dot product; an odd K's last element pairs with zero.
 // With up to 12 accumulators the sums alone would wait on the dot product's latency, so
 // alternate pairs go to a second set of sums, added at the end.
-template <int MR, int NV>
+template <int MR, int NV, typename O>
 TSPP_AVX512_BF16_TARGET void kernel_bf16(int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
-                                         const c10::BFloat16* const* W_terms, int64_t N, float* const* out_rows,
+                                         const c10::BFloat16* const* W_terms, int64_t N, O* const* out_rows,
                                          __mmask16 tail, bool accumulate) {
   constexpr int kSets = 2 * MR * NV <= 24 ? 2 : 1;
   __m512 acc[kSets][MR][NV];
@@ -134,7 +142,7 @@ struct Kernels;
 
 template <>
 struct Kernels<float> {
-  template <int MR, int NV>
+  template <int MR, int NV, typename O = float>
   static void run(int64_t j, const float* const* a, int64_t K, const float* const* W, int64_t N, float* const* o,
                   __mmask16 t, bool acc) {
     kernel_f32<MR, NV>(j, a, K, W, N, o, t, acc);
@@ -144,21 +152,22 @@ struct Kernels<float> {
 
 template <>
 struct Kernels<c10::BFloat16> {
-  template <int MR, int NV>
+  template <int MR, int NV, typename O>
   static void run(int64_t j, const c10::BFloat16* const* a, int64_t K, const c10::BFloat16* const* W, int64_t N,
-                  float* const* o, __mmask16 t, bool acc) {
+                  O* const* o, __mmask16 t, bool acc) {
     kernel_bf16<MR, NV>(j, a, K, W, N, o, t, acc);
   }
   static int64_t w_column_stride() { return 2; }  // packed pairs: column n at 2 n
 };
 
 // A group of `rows` (<= MR) rows; a narrower instantiation for the last group. Row pointers of
-// term j are a[j * MR + m] with MR the group width the caller used.
-template <typename T, int NV, int MR>
-void group(int64_t rows, int64_t terms, const T* const* a, int64_t K, const T* const* W, int64_t N, float* const* o,
+// term j are a[j * MR + m] with MR the group width the caller used. Output rows O: float, or
+// bfloat16 for at most 64 terms (one call, so no partial sums to add).
+template <typename T, int NV, int MR, typename O>
+void group(int64_t rows, int64_t terms, const T* const* a, int64_t K, const T* const* W, int64_t N, O* const* o,
            __mmask16 tail, bool acc) {
   using Run = Kernels<T>;
-  if (rows == MR) return Run::template run<MR, NV>(terms, a, K, W, N, o, tail, acc);
+  if (rows == MR) return Run::template run<MR, NV, O>(terms, a, K, W, N, o, tail, acc);
   // A partial group: repack the row pointers of every term to the narrower width.
   const T* packed[8 * 64];
   const int64_t chunk = 64;
@@ -168,30 +177,30 @@ void group(int64_t rows, int64_t terms, const T* const* a, int64_t K, const T* c
       for (int64_t m = 0; m < rows; ++m) packed[j * rows + m] = a[(j0 + j) * MR + m];
     const bool add = acc || j0 > 0;
     switch (rows) {
-      case 1: Run::template run<1, NV>(nj, packed, K, W + j0, N, o, tail, add); break;
-      case 2: Run::template run<2, NV>(nj, packed, K, W + j0, N, o, tail, add); break;
-      case 3: Run::template run<3, NV>(nj, packed, K, W + j0, N, o, tail, add); break;
-      case 4: Run::template run<4, NV>(nj, packed, K, W + j0, N, o, tail, add); break;
-      case 5: Run::template run<5, NV>(nj, packed, K, W + j0, N, o, tail, add); break;
-      case 6: Run::template run<6, NV>(nj, packed, K, W + j0, N, o, tail, add); break;
-      default: Run::template run<7, NV>(nj, packed, K, W + j0, N, o, tail, add); break;
+      case 1: Run::template run<1, NV, O>(nj, packed, K, W + j0, N, o, tail, add); break;
+      case 2: Run::template run<2, NV, O>(nj, packed, K, W + j0, N, o, tail, add); break;
+      case 3: Run::template run<3, NV, O>(nj, packed, K, W + j0, N, o, tail, add); break;
+      case 4: Run::template run<4, NV, O>(nj, packed, K, W + j0, N, o, tail, add); break;
+      case 5: Run::template run<5, NV, O>(nj, packed, K, W + j0, N, o, tail, add); break;
+      case 6: Run::template run<6, NV, O>(nj, packed, K, W + j0, N, o, tail, add); break;
+      default: Run::template run<7, NV, O>(nj, packed, K, W + j0, N, o, tail, add); break;
     }
   }
 }
 
 // out rows[m] (+)= sum_j rows_j[m] @ W_j over column blocks of 64 (the rows of A stay in L1).
-template <typename T, int MR>
+template <typename T, int MR, typename O = float>
 void columns(int64_t rows, int64_t terms, const T* const* a, int64_t K, const T* const* W, int64_t N,
-             float* const* out_rows, bool accumulate) {
+             O* const* out_rows, bool accumulate) {
   static_assert(MR <= 6, "6 rows x 4 vectors of accumulators fill the registers");
   const T* wn[64];
-  float* on[8];
+  O* on[8];
   for_column_blocks(N, [&](int64_t n0, auto nv, __mmask16 tail) {
     for (int64_t m = 0; m < rows; ++m) on[m] = out_rows[m] + n0;
     for (int64_t j0 = 0; j0 < terms; j0 += 64) {
       const int64_t nj = std::min<int64_t>(64, terms - j0);
       for (int64_t j = 0; j < nj; ++j) wn[j] = W[j0 + j] + n0 * Kernels<T>::w_column_stride();
-      group<T, decltype(nv)::value, MR>(rows, nj, a + j0 * MR, K, wn, N, on, tail, accumulate || j0 > 0);
+      group<T, decltype(nv)::value, MR, O>(rows, nj, a + j0 * MR, K, wn, N, on, tail, accumulate || j0 > 0);
     }
   });
 }
@@ -401,6 +410,13 @@ void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, 
 void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
                const c10::BFloat16* const* W_terms, int64_t N, float* const* out_rows, bool accumulate) {
   columns<c10::BFloat16, kRowGroup>(rows, terms, a_rows, K, W_terms, N, out_rows, accumulate);
+}
+
+void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
+               const c10::BFloat16* const* W_terms, int64_t N, c10::BFloat16* const* out_rows) {
+  TORCH_CHECK(terms <= kMaxNarrowRowTerms, "rows_gemm: bfloat16 output rows take at most ", kMaxNarrowRowTerms,
+              " terms, got ", terms);
+  columns<c10::BFloat16, kRowGroup>(rows, terms, a_rows, K, W_terms, N, out_rows, false);
 }
 
 TORCH_LIBRARY_IMPL(torchsparse_pp, CompositeExplicitAutograd, m) {

@@ -60,4 +60,10 @@ void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, 
 void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
                const float* const* W_terms, int64_t N, float* const* out_rows, bool accumulate);
 
+// The bfloat16 dot-product form writing bfloat16 rows (the float sums rounded to nearest even,
+// as c10::BFloat16 rounds), for at most kMaxNarrowRowTerms terms: no float rows in between.
+constexpr int64_t kMaxNarrowRowTerms = 64;
+void rows_gemm(int64_t rows, int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
+               const c10::BFloat16* const* W_terms, int64_t N, c10::BFloat16* const* out_rows);
+
 }  // namespace torchsparse_pp

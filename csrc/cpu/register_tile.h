@@ -1,5 +1,6 @@
-// Shared pieces of the AVX-512 register kernels: storing a block of accumulators, and picking
-// the instantiation of a kernel templated on a small size known only at run time.
+// Shared pieces of the AVX-512 register kernels: storing a block of accumulators (float, or
+// rounded to bfloat16), and picking the instantiation of a kernel templated on a small size known
+// only at run time.
 #pragma once
 
 #include <immintrin.h>
@@ -31,6 +32,31 @@ TSPP_AVX512_TARGET inline void store_register_row(__m512 (&acc)[NV], float* row,
     if (accumulate) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(tail, c));
     _mm512_mask_storeu_ps(c, tail, sum);
   }
+}
+
+// The bfloat16 bits (in the low half of each 32-bit lane) of v rounded to nearest even, as
+// c10::BFloat16 rounds; NaN becomes 0x7FC0. Bit-level, so no dependence on MXCSR or the
+// AVX512-BF16 conversion's handling of denormals.
+// (The shifts are the zero-masking forms: GCC 12 warns of the plain ones' undefined operand
+// where they are inlined.)
+TSPP_AVX512_TARGET inline __m512i round_to_bf16_bits(__m512 v) {
+  const __mmask16 all = 0xFFFF;
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_maskz_srli_epi32(all, b, 16), _mm512_set1_epi32(1));
+  const __m512i h =
+      _mm512_maskz_srli_epi32(all, _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd)), 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+  return _mm512_mask_mov_epi32(h, nan, _mm512_set1_epi32(0x7FC0));
+}
+
+// row[16 v ..] = acc[v] rounded to bfloat16, the last vector under `tail`.
+template <int NV>
+TSPP_AVX512_TARGET inline void store_register_row_bf16(__m512 (&acc)[NV], uint16_t* row, __mmask16 tail) {
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v)
+    _mm512_mask_cvtepi32_storeu_epi16(row + 16 * v, v < NV - 1 ? __mmask16(0xFFFF) : tail,
+                                      round_to_bf16_bits(acc[v]));
 }
 
 // The same for MR rows c + m * ldc.
