@@ -25,13 +25,14 @@ constexpr int64_t kRegisterItemRows = 16 * kRowGroup;
 // write to a sink row. A group's offsets come from its rows' present bits, not from the tile
 // masks: fewer terms than a tile has, and no branch per (row, offset). A sorted plan's rows read
 // features scattered over the scan, so the loop is pipelined: the next group's operands are
-// built, requesting its feature and output rows, before this group's GEMM (1.4-1.5x on
-// MinkUNet's full-resolution layers on a Zen 5). Output rows O are float, or bfloat16 (one
-// split): the kernel then rounds its sums into the output rows (a group of more than
-// kMaxNarrowRowTerms terms goes through a float staging block in L1), so no float output is
-// written and converted afterwards. `zero_empty`: rows
-// without neighbours get zeros (a split's partial buffer starts at zero). Returns false when a
-// row has a neighbour outside its tile's mask (the plan is not the table's; the caller raises).
+// built, requesting its feature and output rows and the table rows of the group after it,
+// before this group's GEMM (1.4-1.5x on MinkUNet's full-resolution layers on a Zen 5; the table
+// rows another ~4 % of the bf16 forward). Output rows O are float, or bfloat16 (one split): the
+// kernel then rounds its sums into the output rows (a group of more than kMaxNarrowRowTerms
+// terms goes through a float staging block in L1), so no float output is written and converted
+// afterwards. `zero_empty`: rows without neighbours get zeros (a split's partial buffer starts
+// at zero). Returns false when a row has a neighbour outside its tile's mask (the plan is not
+// the table's; the caller raises).
 template <typename T, typename A, typename O>
 bool register_rows(const KmapPlan& plan, int64_t s, int64_t pos0, int64_t pos1, const int32_t* map, int64_t K,
                    const T* f, int64_t c_src, const A* wp, int64_t k_len, int64_t c_dst, O* dst,
@@ -73,6 +74,16 @@ bool register_rows(const KmapPlan& plan, int64_t s, int64_t pos0, int64_t pos1, 
       const int64_t r = plan.row(s, pos + m);
       place_row(g, m, r);
       table_rows[m] = r < 0 ? nullptr : map + r * K;
+    }
+    // The table rows of the group after this one: a sorted plan reads them out of row order,
+    // and they are ready by the time it is built (one GEMM later).
+    for (int64_t m = 0; m < kRowGroup && pos + kRowGroup + m < pos1; ++m) {
+      const int64_t r = plan.row(s, pos + kRowGroup + m);
+      if (r < 0) continue;
+      const char* entries = reinterpret_cast<const char*>(map + r * K + b0);
+      const int64_t bytes = (b1 - b0) * int64_t(sizeof(int32_t));
+      for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(entries + b);
+      __builtin_prefetch(entries + bytes - 1);  // the last line, when the entries straddle one more
     }
     for (int64_t k0 = b0; k0 < b1; k0 += 64) {
       const int64_t n = std::min<int64_t>(64, b1 - k0);
