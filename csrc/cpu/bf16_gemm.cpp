@@ -72,24 +72,46 @@ TSPP_AVX512_BF16_TARGET void column_block(int64_t M, int64_t pairs, const uint32
 // Rows ahead whose cache lines bf16_gather_pairs requests: they are random reads.
 constexpr int64_t kGatherAhead = 64;
 
+// 16 columns per step in 256-bit halves: word unpacks interleave the two rows within 128-bit
+// lanes and one lane permute puts the columns in order (2x faster than widening each row to 32
+// bits and shifting, which made the gather ~40 % of a 48-wide bf16 weight gradient on a Zen 5).
 TSPP_AVX512_TARGET void gather_pairs_kernel(const uint16_t* src, int64_t c, const int64_t* rows, int64_t n,
                                             uint32_t* out) {
-  const __mmask16 tail = static_cast<__mmask16>((1u << (c % 16 == 0 ? 16 : c % 16)) - 1u);
+  const int64_t row_bytes = c * 2, full = c / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (c - full)) - 1u);
+  const __mmask8 tail_first = static_cast<__mmask8>(tail), tail_second = static_cast<__mmask8>(tail >> 8);
   for (int64_t p = 0; p < (n + 1) / 2; ++p) {
-    for (int64_t i = 2 * p + kGatherAhead; i < std::min(n, 2 * p + kGatherAhead + 2); ++i)
-      if (rows[i] >= 0)
-        for (int64_t b = 0; b < c * 2; b += 64) _mm_prefetch(reinterpret_cast<const char*>(src + rows[i] * c) + b, _MM_HINT_T0);
+    for (int64_t i = 2 * p + kGatherAhead; i < std::min(n, 2 * p + kGatherAhead + 2); ++i) {
+      if (rows[i] < 0) continue;
+      const char* row = reinterpret_cast<const char*>(src + rows[i] * c);
+      for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+      _mm_prefetch(row + row_bytes - 1, _MM_HINT_T0);  // the line a row straddles into
+    }
     // An absent row reads nothing: its loads are masked off (the pointer stays valid).
     const int64_t r0 = rows[2 * p], r1 = 2 * p + 1 < n ? rows[2 * p + 1] : -1;
     const uint16_t* e = src + std::max<int64_t>(r0, 0) * c;
     const uint16_t* o = src + std::max<int64_t>(r1, 0) * c;
     const __mmask16 keep_e = r0 >= 0 ? 0xFFFF : 0, keep_o = r1 >= 0 ? 0xFFFF : 0;
     uint32_t* w = out + p * c;
-    for (int64_t j = 0; j < c; j += 16) {
-      const __mmask16 k = j + 16 <= c ? __mmask16(0xFFFF) : tail;
-      const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k & keep_e, e + j));
-      const __m512i hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k & keep_o, o + j));
-      _mm512_mask_storeu_epi32(w + j, k, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    // Lane l of an unpack holds columns 4 (2 l) .. + 3 (low) and 4 (2 l + 1) .. + 3 (high).
+    const auto pairs = [&](int64_t j, __mmask16 k, __m256i& first, __m256i& second)
+        __attribute__((always_inline, target("avx512f,avx512bw,avx512vl"))) {
+      const __m256i even = _mm256_maskz_loadu_epi16(k & keep_e, e + j);
+      const __m256i odd = _mm256_maskz_loadu_epi16(k & keep_o, o + j);
+      const __m256i low = _mm256_unpacklo_epi16(even, odd), high = _mm256_unpackhi_epi16(even, odd);
+      first = _mm256_permute2x128_si256(low, high, 0x20);   // columns j .. j + 7
+      second = _mm256_permute2x128_si256(low, high, 0x31);  // columns j + 8 .. j + 15
+    };
+    __m256i first, second;
+    for (int64_t j = 0; j < full; j += 16) {
+      pairs(j, 0xFFFF, first, second);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + j), first);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + j + 8), second);
+    }
+    if (full < c) {
+      pairs(full, tail, first, second);
+      _mm256_mask_storeu_epi32(w + full, tail_first, first);
+      _mm256_mask_storeu_epi32(w + full + 8, tail_second, second);
     }
   }
 }
