@@ -198,3 +198,43 @@ def test_bfloat16_epilogue_rounds_as_torch(isa, c_out, gen):
                 assert out.dtype == torch.bfloat16 and torch.equal(out, ref), (b is not None, r is not None, relu)
     finally:
         tsp.backends.cpu_kernels = start
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "none"])
+def test_bfloat16_epilogue_keeps_denormals_and_quiets_nan(isa, gen):
+    """The epilogue's rounding on values the CPU's bf16 conversion treats otherwise: a denormal
+    bias on rows whose sum is exactly 0 must come out as that denormal, bit for bit as torch
+    rounds (the instruction would flush it), and a NaN in the residual as a NaN (c10's scalar
+    rounding gives 0x7FC0, torch's vectorised one keeps the payload: only NaN-ness is compared)."""
+    if isa not in tsp.backends.available_cpu_kernels():
+        pytest.skip(f"this CPU lacks {isa}")
+    start = tsp.backends.cpu_kernels
+    tsp.backends.cpu_kernels = isa
+    try:
+        coords = lidar_coords(int(torch.randint(0, 1000, (1,), generator=gen)), batch=1)
+        c_out = 37
+        # Entries in {-1, 0, 1} over 2 channels: many rows sum to exactly 0.
+        feats = torch.randint(-1, 2, (len(coords), 2), generator=gen).float()
+        weight = torch.randint(-1, 2, (27, 2, c_out), generator=gen).float()
+        tiny = torch.tensor(2.0 ** -130).bfloat16()  # a bfloat16 (and float32) denormal
+        sign = torch.randint(0, 2, (c_out,), generator=gen).float() * 2 - 1
+        bias = (sign * tiny.float()).bfloat16()
+        residual = torch.randn(len(coords), c_out, generator=gen).bfloat16()
+        nan_at = torch.rand(len(coords), c_out, generator=gen) < 0.05
+        residual[nan_at] = float("nan")
+        config = ConvConfig("fetch_on_demand")
+        with torch.no_grad():
+            sums = conv3d(tsp.SparseTensor(feats, coords), weight, 3, config=config).F
+            assert (sums == 0).float().mean() > 0.05
+            out = conv3d(tsp.SparseTensor(feats.bfloat16(), coords), weight.bfloat16(), 3, bias=bias,
+                         config=config, epilogue=Epilogue(None, False)).F
+            ref = (sums + bias.float()).bfloat16()
+            assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+            assert (out[sums == 0].float().abs() == tiny.float()).all()
+            out = conv3d(tsp.SparseTensor(feats.bfloat16(), coords), weight.bfloat16(), 3, config=config,
+                         epilogue=Epilogue(residual, False)).F
+            ref = (sums + residual.float()).bfloat16()
+            assert torch.equal(out.isnan(), nan_at) and torch.equal(ref.isnan(), nan_at)
+            assert torch.equal(out[~nan_at].view(torch.int16), ref[~nan_at].view(torch.int16))
+    finally:
+        tsp.backends.cpu_kernels = start
