@@ -2,6 +2,7 @@
 residual sums in the conv's epilogue (inside the CPU fetch_on_demand kernel, torch ops
 elsewhere). The fused model must equal the unfused one in eval mode within float rounding,
 leave the original model alone, and refuse training."""
+import contextlib
 import copy
 import itertools
 
@@ -167,6 +168,19 @@ def test_fused_op_rejects_bad_epilogue_operands(gen):
         ops.fetch_on_demand_forward_fused(*args, None, torch.randn(len(coords), 4, dtype=torch.float64), True)
 
 
+@contextlib.contextmanager
+def cpu_kernels(isa: str):
+    """Runs the block with the CPU kernels of instruction set ``isa`` (skips where the CPU lacks it)."""
+    if isa not in tsp.backends.available_cpu_kernels():
+        pytest.skip(f"this CPU lacks {isa}")
+    start = tsp.backends.cpu_kernels
+    tsp.backends.cpu_kernels = isa
+    try:
+        yield
+    finally:
+        tsp.backends.cpu_kernels = start
+
+
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "none"])
 @pytest.mark.parametrize("c_out", [7, 16, 29, 48, 70])
 def test_bfloat16_epilogue_rounds_as_torch(isa, c_out, gen):
@@ -174,11 +188,7 @@ def test_bfloat16_epilogue_rounds_as_torch(isa, c_out, gen):
     bf16 kernel's only rounding is its epilogue: bias, residual, ReLU in float, then to bfloat16.
     That must equal torch's own float ops and .to(bfloat16) bit for bit (ties to even included),
     on every instruction set (AVX-512 runs its own epilogue loop, the others the generic one)."""
-    if isa not in tsp.backends.available_cpu_kernels():
-        pytest.skip(f"this CPU lacks {isa}")
-    start = tsp.backends.cpu_kernels
-    tsp.backends.cpu_kernels = isa
-    try:
+    with cpu_kernels(isa):
         coords = lidar_coords(int(torch.randint(0, 1000, (1,), generator=gen)), batch=1)
         c_in = int(torch.randint(3, 40, (1,), generator=gen))
         feats = torch.randint(-8, 9, (len(coords), c_in), generator=gen).float()
@@ -196,8 +206,6 @@ def test_bfloat16_epilogue_rounds_as_torch(isa, c_out, gen):
                 ref = ref if r is None else ref + r.float()
                 ref = (ref.relu() if relu else ref).bfloat16()
                 assert out.dtype == torch.bfloat16 and torch.equal(out, ref), (b is not None, r is not None, relu)
-    finally:
-        tsp.backends.cpu_kernels = start
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "none"])
@@ -206,11 +214,7 @@ def test_bfloat16_epilogue_keeps_denormals_and_quiets_nan(isa, gen):
     bias on rows whose sum is exactly 0 must come out as that denormal, bit for bit as torch
     rounds (the instruction would flush it), and a NaN in the residual as a NaN (c10's scalar
     rounding gives 0x7FC0, torch's vectorised one keeps the payload: only NaN-ness is compared)."""
-    if isa not in tsp.backends.available_cpu_kernels():
-        pytest.skip(f"this CPU lacks {isa}")
-    start = tsp.backends.cpu_kernels
-    tsp.backends.cpu_kernels = isa
-    try:
+    with cpu_kernels(isa):
         coords = lidar_coords(int(torch.randint(0, 1000, (1,), generator=gen)), batch=1)
         c_out = 37
         # Entries in {-1, 0, 1} over 2 channels: many rows sum to exactly 0.
@@ -236,5 +240,3 @@ def test_bfloat16_epilogue_keeps_denormals_and_quiets_nan(isa, gen):
             ref = (sums + residual.float()).bfloat16()
             assert torch.equal(out.isnan(), nan_at) and torch.equal(ref.isnan(), nan_at)
             assert torch.equal(out[~nan_at].view(torch.int16), ref[~nan_at].view(torch.int16))
-    finally:
-        tsp.backends.cpu_kernels = start
