@@ -115,3 +115,26 @@ def test_autocast_runs_convs_in_bf16(gen):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = conv(x)
     assert y.F.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("sorted_rows", [True, False])
+def test_bf16_implicit_gemm_rows_without_neighbours_are_zero(sorted_rows, gen):
+    """A table whose rows have random neighbours, a third of them none at all: the one-split
+    bf16 forward (bf16 output rows written by the kernel) gives those rows exact zeros, and the
+    others the float64 sums within bf16 rounding."""
+    num_src, rows, K, c_in, c_out = 300, 257, 27, 13, 21
+    table = torch.randint(-1, num_src, (rows, K), generator=gen, dtype=torch.int32)
+    table[torch.rand(rows, generator=gen) < 1 / 3] = -1
+    table[torch.rand(rows, K, generator=gen) < 0.6] = -1
+    feats = torch.randn(num_src, c_in, generator=gen).bfloat16()
+    weight = torch.randn(K, c_in, c_out, generator=gen).bfloat16()
+    bounds, order, masks = ops.kmap_plan(table, rows, 1 if sorted_rows else 0, 8, 64)
+    out = ops.implicit_gemm_forward(feats, weight, table, rows, False, bounds, order, masks, 8)
+    ref = torch.zeros(rows, c_out, dtype=torch.float64)
+    for k in range(K):
+        present = table[:, k] >= 0
+        ref[present] += feats.double()[table[present, k].long()] @ weight.double()[k]
+    empty = (table < 0).all(1)
+    assert out.dtype == torch.bfloat16 and empty.sum() > 0
+    assert torch.equal(out[empty], torch.zeros_like(out[empty]))
+    assert rel_to(out[~empty], ref[~empty], ref[~empty]) < 1e-2

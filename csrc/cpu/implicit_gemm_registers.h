@@ -119,14 +119,15 @@ bool register_rows(const KmapPlan& plan, int64_t s, int64_t pos0, int64_t pos1, 
     if constexpr (kNarrow) {
       // The kernel rounds its own sums with packed bf16 weights (A); float weights, or more
       // terms than one kernel call takes, go through the float staging rows.
-      if (!std::is_same_v<A, c10::BFloat16> || g.used > kMaxNarrowRowTerms) {
+      constexpr bool kDirect = std::is_same_v<A, c10::BFloat16>;
+      if (g.used == 0) {
+        for (int64_t m = 0; m < g.rows; ++m) std::fill(g.final[m], g.final[m] + c_dst, O(0));
+      } else if (kDirect && g.used <= kMaxNarrowRowTerms) {
+        if constexpr (kDirect) rows_gemm(g.rows, g.used, g.a, c_src, g.w, c_dst, g.final);
+      } else {
         rows_gemm(g.rows, g.used, g.a, c_src, g.w, c_dst, g.out, false);
         for (int64_t m = 0; m < g.rows; ++m)
           epilogue_narrow_rows(g.out[m], 1, c_dst, nullptr, nullptr, false, g.final[m]);
-      } else if (g.used > 0) {
-        if constexpr (std::is_same_v<A, c10::BFloat16>) rows_gemm(g.rows, g.used, g.a, c_src, g.w, c_dst, g.final);
-      } else {
-        for (int64_t m = 0; m < g.rows; ++m) std::fill(g.final[m], g.final[m] + c_dst, O(0));
       }
     } else if (g.used > 0) {
       rows_gemm(g.rows, g.used, g.a, c_src, g.w, c_dst, g.out, false);
