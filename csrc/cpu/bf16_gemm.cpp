@@ -10,6 +10,7 @@
 #include "cpu_features.h"
 #include "pair_gemm.h"
 #include "register_tile.h"
+#include "tile_gemm.h"
 
 // GCC 12 warns of the intrinsic headers' own undefined operands (_mm512_undefined_*).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -81,12 +82,8 @@ TSPP_AVX512_TARGET void gather_pairs_kernel(const uint16_t* src, int64_t c, cons
   const __mmask16 tail = static_cast<__mmask16>((1u << (c - full)) - 1u);
   const __mmask8 tail_first = static_cast<__mmask8>(tail), tail_second = static_cast<__mmask8>(tail >> 8);
   for (int64_t p = 0; p < (n + 1) / 2; ++p) {
-    for (int64_t i = 2 * p + kGatherAhead; i < std::min(n, 2 * p + kGatherAhead + 2); ++i) {
-      if (rows[i] < 0) continue;
-      const char* row = reinterpret_cast<const char*>(src + rows[i] * c);
-      for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
-      _mm_prefetch(row + row_bytes - 1, _MM_HINT_T0);  // the line a row straddles into
-    }
+    for (int64_t i = 2 * p + kGatherAhead; i < std::min(n, 2 * p + kGatherAhead + 2); ++i)
+      if (rows[i] >= 0) prefetch_lines(src + rows[i] * c, row_bytes);
     // An absent row reads nothing: its loads are masked off (the pointer stays valid).
     const int64_t r0 = rows[2 * p], r1 = 2 * p + 1 < n ? rows[2 * p + 1] : -1;
     const uint16_t* e = src + std::max<int64_t>(r0, 0) * c;

@@ -79,11 +79,7 @@ bool register_rows(const KmapPlan& plan, int64_t s, int64_t pos0, int64_t pos1, 
     // and they are ready by the time it is built (one GEMM later).
     for (int64_t m = 0; m < kRowGroup && pos + kRowGroup + m < pos1; ++m) {
       const int64_t r = plan.row(s, pos + kRowGroup + m);
-      if (r < 0) continue;
-      const char* entries = reinterpret_cast<const char*>(map + r * K + b0);
-      const int64_t bytes = (b1 - b0) * int64_t(sizeof(int32_t));
-      for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(entries + b);
-      __builtin_prefetch(entries + bytes - 1);  // the last line, when the entries straddle one more
+      if (r >= 0) prefetch_lines(map + r * K + b0, span * int64_t(sizeof(int32_t)));
     }
     for (int64_t k0 = b0; k0 < b1; k0 += 64) {
       const int64_t n = std::min<int64_t>(64, b1 - k0);

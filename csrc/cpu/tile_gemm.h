@@ -101,6 +101,14 @@ inline void prefetch_row(const T* row, int64_t c) {
   for (int64_t b = 0; b < c * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(p + b);
 }
 
+// Requests every cache line of [start, start + bytes), bytes > 0, the last one too when the range
+// does not start on a line (a 96- or 108-byte row straddles one more line than bytes / 64).
+inline void prefetch_lines(const void* start, int64_t bytes) {
+  const char* p = static_cast<const char*>(start);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+  __builtin_prefetch(p + bytes - 1);
+}
+
 // dst[i, :c] = src[row(i), :c] in the tile type; rows < 0 give zeros (absent neighbours).
 template <typename T, typename M, typename RowFn>
 inline void gather_tile(const T* src, int64_t c, int64_t n, RowFn&& row, M* dst, int64_t ld) {
