@@ -138,3 +138,35 @@ def test_bf16_implicit_gemm_rows_without_neighbours_are_zero(sorted_rows, gen):
     assert out.dtype == torch.bfloat16 and empty.sum() > 0
     assert torch.equal(out[empty], torch.zeros_like(out[empty]))
     assert rel_to(out[~empty], ref[~empty], ref[~empty]) < 1e-2
+
+
+@pytest.mark.parametrize("c_in, c_out", [(40, 48), (64, 128)])
+def test_bf16_fetch_on_demand_same_bits_on_any_thread_count(c_in, c_out, seed):
+    """The bf16 forward and dgrad on 1-4 threads: the blocks of destination rows (and so where
+    each offset's pairs split into register groups) change with the thread count, the bits may
+    not."""
+    from torchsparse_pp.data import generate_scan
+    from torchsparse_pp.nn.functional import conv3d
+    from torchsparse_pp.utils import sparse_quantize
+    gen = torch.Generator().manual_seed(seed)
+    # A whole 32-beam scan at 0.4 m (~7k voxels): several blocks of rows on any thread count.
+    voxels = torch.from_numpy(sparse_quantize(generate_scan(32, seed=seed % 1000)["points"][:, :3], 0.4))
+    coords = torch.cat([torch.zeros(len(voxels), 1, dtype=torch.int32), voxels.int()], 1)
+    feats = torch.randn(len(coords), c_in, generator=gen).bfloat16()
+    weight = torch.randn(27, c_in, c_out, generator=gen).bfloat16()
+    grad = None
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2, 3, 4):
+            torch.set_num_threads(t)
+            f = feats.clone().requires_grad_(True)
+            y = conv3d(tsp.SparseTensor(f, coords), weight, 3, config=ConvConfig("fetch_on_demand"))
+            grad = torch.randn(y.F.shape, generator=gen).bfloat16() if grad is None else grad
+            y.F.backward(grad)
+            results.append((y.F.detach(), f.grad))
+    finally:
+        torch.set_num_threads(threads)
+    for t, (out, dfeats) in zip((2, 3, 4), results[1:]):
+        assert torch.equal(out, results[0][0]), f"forward on {t} threads"
+        assert torch.equal(dfeats, results[0][1]), f"dgrad on {t} threads"

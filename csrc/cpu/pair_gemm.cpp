@@ -101,12 +101,14 @@ TSPP_AVX512_BF16_TARGET inline __attribute__((always_inline)) void dot_pair(__m5
 
 // The same for bfloat16: pairs of K per dot product; an odd K's last element pairs with zero.
 // With up to 12 accumulators the sums alone would wait on the dot product's latency, so
-// alternate pairs go to a second set of sums, added at the end.
+// alternate pairs go to a second set of sums, added at the end. The sets follow from the full
+// group's size, not MR: a row sums in one order whether its group is whole or the last partial
+// one (where groups split depends on the blocks, so on the thread count).
 template <int MR, int NV, typename O>
 TSPP_AVX512_BF16_TARGET void kernel_bf16(int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
                                          const c10::BFloat16* const* W_terms, int64_t N, O* const* out_rows,
                                          __mmask16 tail, bool accumulate) {
-  constexpr int kSets = 2 * MR * NV <= 24 ? 2 : 1;
+  constexpr int kSets = 2 * kRowGroup * NV <= 24 ? 2 : 1;
   __m512 acc[kSets][MR][NV];
 #pragma GCC unroll 2
   for (int s = 0; s < kSets; ++s)
