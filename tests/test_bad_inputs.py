@@ -109,11 +109,12 @@ def test_feats_int_dtype_rejected(dtype):
         SparseTensor(feats, coords)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), float("-inf")])
-def test_non_finite_feats_rejected(bad_value):
+def test_non_finite_feats_rejected(bad_value, dtype):
     gen = _gen(8)
     coords = _coords(gen)
-    feats = torch.randn(coords.shape[0], 5, generator=gen)
+    feats = torch.randn(coords.shape[0], 5, generator=gen).to(dtype)
     row = int(torch.randint(0, coords.shape[0], (1,), generator=gen))
     col = int(torch.randint(0, 5, (1,), generator=gen))
     feats[row, col] = bad_value

@@ -3,6 +3,8 @@ from typing import Any, Callable, Dict, Tuple
 
 import torch
 
+from ..checks import all_finite
+
 
 class PointTensor:
     """Features ``F [N, C]`` at float coordinates ``C [N, 4] = (batch, x, y, z)`` in units of the
@@ -21,7 +23,7 @@ class PointTensor:
             raise ValueError(f"feats must be [{coords.shape[0]}, C], got {tuple(getattr(feats, 'shape', ()))}")
         if feats.device != coords.device:
             raise ValueError(f"feats are on {feats.device}, coords on {coords.device}")
-        if coords.shape[0] and not bool(torch.isfinite(coords).all()):
+        if not all_finite(coords):
             raise ValueError("point coords contain NaN or Inf")
         batch = coords[:, 0]
         if coords.shape[0] and (bool((batch != batch.floor()).any()) or bool((batch < 0).any())):

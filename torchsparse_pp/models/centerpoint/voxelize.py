@@ -4,6 +4,7 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
+from ...checks import all_finite
 from ...tensor import SparseTensor
 from .config import CenterPointConfig
 
@@ -27,7 +28,7 @@ def voxelize(points: Sequence[PointsLike], config: CenterPointConfig) -> SparseT
             raise ValueError(f"sample {b}: points must be a float [N, {config.point_features}] array, got "
                              f"{pts.dtype} {list(pts.shape)}")
         pts = pts.float()
-        if not bool(torch.isfinite(pts).all()):
+        if not all_finite(pts):
             raise ValueError(f"sample {b}: points contain NaN or Inf")
         lo = torch.tensor(config.point_cloud_range[:3], device=pts.device)
         size = torch.tensor(config.voxel_size, device=pts.device)
