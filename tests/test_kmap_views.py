@@ -12,8 +12,8 @@ import torch
 
 import torchsparse_pp as tsp
 from torchsparse_pp import backends, ops
-from torchsparse_pp.kmap import (ConvGeometry, KernelMapCache, generative_map, kernel_map, strided_map,
-                                 submanifold_map)
+from torchsparse_pp.kmap import (OUT_IN_ROW_PADDING, ConvGeometry, KernelMapCache, generative_map, kernel_map,
+                                 strided_map, submanifold_map)
 from torchsparse_pp.nn.functional import ConvConfig, conv3d
 from torchsparse_pp.nn.functional import config as config_module
 from torchsparse_pp.ops.validate import validate_pairs, validate_plan, validate_table
@@ -73,6 +73,28 @@ def test_views_of_real_maps_validate(kmap_backend, gen, switches):
             for split, tile_rows, window in PLANS:
                 split = min(split, kmap.geometry.volume)
                 validate_plan(kmap.table(side), rows, sources, *kmap.plan(side, split, tile_rows, window), tile_rows)
+
+
+@pytest.mark.parametrize("kmap_backend", KMAP_BACKENDS)
+def test_symmetric_maps_mirror_their_input_sorted_pairs(kmap_backend, gen, switches):
+    """A centred submanifold map's transposed table is its own with the offsets reversed, and its
+    pairs sorted by input come from its output-sorted ones (offset k's = offset K-1-k's, roles
+    swapped): the same tensors kmap_transpose and kmap_pairs make. Maps that are not symmetric
+    (strided, or an off-centre or even kernel) still build them with those ops."""
+    built = maps(gen, kmap_backend)
+    coords = built["subm3"].in_coords
+    built["subm3_offcentre"] = submanifold_map(KernelMapCache(), coords, ConvGeometry.make(3, padding=(1, 0, 1)), None)
+    built["subm2"] = submanifold_map(KernelMapCache(), coords, ConvGeometry.make(2), None)
+    for name, kmap in built.items():
+        assert kmap.symmetric == (name in ("subm3", "subm5_d2_lidar")), name
+        mirrored = kmap.pairs_sorted_by("in")
+        transposed = kmap._ops.kmap_transpose(kmap.out_in, kmap.num_out, kmap.num_in, OUT_IN_ROW_PADDING)
+        assert torch.equal(kmap.in_out, transposed), name
+        outs, ins, offsets, identity = kmap._ops.kmap_pairs(transposed, kmap.num_out, kmap.num_in)
+        for got, want in ((mirrored.in_idx, ins), (mirrored.out_idx, outs), (mirrored.offsets, offsets),
+                          (mirrored.identity, identity)):
+            assert torch.equal(got, want), name
+        assert mirrored.offsets[-1] > 0, name
 
 
 def test_empty_maps_validate():
