@@ -209,14 +209,14 @@ def test_bfloat16_epilogue_rounds_as_torch(isa, c_out, gen):
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "none"])
-def test_bfloat16_epilogue_keeps_denormals_and_nan(isa, gen):
+@pytest.mark.parametrize("c_out", [37, 48])  # the AVX-512 epilogue's row loop, and its flat one (16 | C)
+def test_bfloat16_epilogue_keeps_denormals_and_nan(isa, c_out, gen):
     """The epilogue's rounding on values the CPU's bf16 conversion treats otherwise: a denormal
     bias on rows whose sum is exactly 0 must come out as that denormal, bit for bit as torch
     rounds (the instruction would flush it), and a NaN in the residual as a NaN (c10's scalar
     rounding gives 0x7FC0, torch's vectorised one keeps the payload: only NaN-ness is compared)."""
     with cpu_kernels(isa):
         coords = lidar_coords(int(torch.randint(0, 1000, (1,), generator=gen)), batch=1)
-        c_out = 37
         # Entries in {-1, 0, 1} over 2 channels: many rows sum to exactly 0.
         feats = torch.randint(-1, 2, (len(coords), 2), generator=gen).float()
         weight = torch.randint(-1, 2, (27, 2, c_out), generator=gen).float()

@@ -9,6 +9,8 @@
 
 #include <immintrin.h>
 
+#include <type_traits>
+
 // GCC 12 warns of the intrinsic headers' own undefined operands (_mm512_undefined_*).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
@@ -40,6 +42,44 @@ TSPP_AVX512_TARGET void narrow_rows(const float* rows, int64_t count, int64_t n,
   }
 }
 
+// One vector of 16 values at `at` (column `col` of its row), through the epilogue, rounded.
+template <bool Bias, bool Residual, bool Relu>
+TSPP_AVX512_TARGET inline __attribute__((always_inline)) __m512i epilogue_vector(const float* rows, const float* bias,
+                                                                                 const uint16_t* residual, int64_t at,
+                                                                                 int64_t col) {
+  __m512 v = _mm512_loadu_ps(rows + at);
+  if constexpr (Bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + col));
+  if constexpr (Residual)
+    v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(
+                             _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(residual + at))),
+                             16)));
+  if constexpr (Relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+  return round_to_bf16_bits(v);
+}
+
+// n a multiple of 16 (every MinkUNet / CenterPoint width): the rows are one flat run of
+// count * n values, 32 per step, two vectors packed into one 64-byte store, every load and store
+// whole. The per-row loop's masked loads of the bfloat16 residual made a 48-wide residual layer's
+// bf16 forward ~14 % slower (Zen 5).
+template <bool Bias, bool Residual, bool Relu>
+TSPP_AVX512_TARGET void narrow_flat(const float* rows, int64_t count, int64_t n, const float* bias,
+                                    const uint16_t* residual, uint16_t* out) {
+  const int64_t total = count * n;
+  // packus interleaves the two vectors per 128-bit lane; this puts the quarters back in order.
+  const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
+  int64_t at = 0, col = 0;
+  for (; at + 32 <= total; at += 32) {
+    const __m512i lo = epilogue_vector<Bias, Residual, Relu>(rows, bias, residual, at, col);
+    col = col + 16 == n ? 0 : col + 16;
+    const __m512i hi = epilogue_vector<Bias, Residual, Relu>(rows, bias, residual, at + 16, col);
+    col = col + 16 == n ? 0 : col + 16;
+    _mm512_storeu_si512(out + at, _mm512_permutexvar_epi64(order, _mm512_packus_epi32(lo, hi)));
+  }
+  if (at < total)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + at),
+                        _mm512_cvtepi32_epi16(epilogue_vector<Bias, Residual, Relu>(rows, bias, residual, at, col)));
+}
+
 }  // namespace
 
 bool epilogue_avx512_available() {
@@ -51,17 +91,19 @@ void epilogue_narrow_rows_avx512(const float* rows, int64_t count, int64_t n, co
                                  const c10::BFloat16* residual, bool relu, c10::BFloat16* out) {
   const auto* r = reinterpret_cast<const uint16_t*>(residual);
   auto* o = reinterpret_cast<uint16_t*>(out);
-  const int which = (bias != nullptr ? 4 : 0) | (residual != nullptr ? 2 : 0) | (relu ? 1 : 0);
-  switch (which) {
-    case 0: return narrow_rows<false, false, false>(rows, count, n, bias, r, o);
-    case 1: return narrow_rows<false, false, true>(rows, count, n, bias, r, o);
-    case 2: return narrow_rows<false, true, false>(rows, count, n, bias, r, o);
-    case 3: return narrow_rows<false, true, true>(rows, count, n, bias, r, o);
-    case 4: return narrow_rows<true, false, false>(rows, count, n, bias, r, o);
-    case 5: return narrow_rows<true, false, true>(rows, count, n, bias, r, o);
-    case 6: return narrow_rows<true, true, false>(rows, count, n, bias, r, o);
-    default: return narrow_rows<true, true, true>(rows, count, n, bias, r, o);
-  }
+  const auto with_relu = [&](auto has_bias, auto has_residual) {
+    const auto run = [&](auto has_relu) {
+      constexpr bool kBias = decltype(has_bias)::value, kResidual = decltype(has_residual)::value;
+      constexpr bool kRelu = decltype(has_relu)::value;
+      if (n % 16 == 0) return narrow_flat<kBias, kResidual, kRelu>(rows, count, n, bias, r, o);
+      narrow_rows<kBias, kResidual, kRelu>(rows, count, n, bias, r, o);
+    };
+    relu ? run(std::true_type{}) : run(std::false_type{});
+  };
+  const auto with_residual = [&](auto has_bias) {
+    r != nullptr ? with_relu(has_bias, std::true_type{}) : with_relu(has_bias, std::false_type{});
+  };
+  bias != nullptr ? with_residual(std::true_type{}) : with_residual(std::false_type{});
 }
 
 }  // namespace torchsparse_pp

@@ -57,33 +57,6 @@ struct Epilogue {
   bool empty() const { return !bias.defined() && !residual.defined() && !relu; }
 };
 
-// The epilogue's residual rows of a block, requested one slice per offset while the products
-// run, so that they are in L1 when the epilogue adds them instead of stalling it (48-wide bf16
-// residual layers ~8 % faster on a Zen 5). Only while a slice stays within kMaxSliceBytes (1/8 of
-// a 48 KiB L1): float32's twice-as-large slices displaced the offsets' own rows and ran slower.
-template <typename T>
-class ResidualPrefetch {
- public:
-  static constexpr int64_t kMaxSliceBytes = 6144;
-
-  ResidualPrefetch(const Epilogue& e, int64_t r0, int64_t rows, int64_t n, int64_t K) {
-    if (!e.residual.defined() || rows < 1) return;
-    bytes_ = rows * n * static_cast<int64_t>(sizeof(T));
-    slice_ = (bytes_ / K + 63) / 64 * 64;
-    if (slice_ > kMaxSliceBytes) return;
-    start_ = reinterpret_cast<const char*>(e.residual.data_ptr<T>() + r0 * n);
-  }
-  // Before offset k's products.
-  void request(int64_t k) const {
-    if (start_ == nullptr || k * slice_ >= bytes_) return;
-    prefetch_lines(start_ + k * slice_, std::min(slice_, bytes_ - k * slice_));
-  }
-
- private:
-  const char* start_ = nullptr;
-  int64_t bytes_ = 0, slice_ = 0;
-};
-
 template <typename T, typename Acc>
 void apply_epilogue(const Epilogue& e, Acc* rows, int64_t r0, int64_t count, int64_t n, const Acc* bias) {
   if (e.empty()) return;
@@ -148,9 +121,7 @@ at::Tensor pairs_forward_with(Tiles, const at::Tensor& feats, const at::Tensor& 
         } else {
           std::fill(o + b0 * c_dst, o + b1 * c_dst, Acc(0));
         }
-        const ResidualPrefetch<T> residual_ahead(epilogue, b0, b1 - b0, c_dst, K);
         for (int64_t k = 0; k < K; ++k) {
-          residual_ahead.request(k);
           if (k == first) continue;
           const int32_t* lo = std::lower_bound(dst + off[k], dst + off[k + 1], static_cast<int32_t>(b0));
           const int32_t* hi = std::lower_bound(lo, dst + off[k + 1], static_cast<int32_t>(b1));
