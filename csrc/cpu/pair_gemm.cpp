@@ -51,8 +51,10 @@ TSPP_AVX512_TARGET inline void write_rows(__m512 (&acc)[MR][NV], c10::BFloat16* 
 // MR rows by NV vectors of 16 output columns, float32, summed over `terms` products: term j
 // multiplies rows a_rows[j * MR + m] by W_terms[j] ([K, N] row-major, column offset applied).
 template <int MR, int NV>
-TSPP_AVX512_TARGET inline __attribute__((always_inline)) void kernel_f32_body(int64_t terms, const float* const* a_rows, int64_t K, const float* const* W_terms,
-                                   int64_t N, float* const* out_rows, __mmask16 tail, bool accumulate) {
+TSPP_AVX512_TARGET inline __attribute__((always_inline)) void kernel_f32_body(int64_t terms, const float* const* a_rows,
+                                                                              int64_t K, const float* const* W_terms,
+                                                                              int64_t N, float* const* out_rows,
+                                                                              __mmask16 tail, bool accumulate) {
   __m512 acc[MR][NV];
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m)
@@ -111,9 +113,9 @@ TSPP_AVX512_BF16_TARGET inline __attribute__((always_inline)) void dot_pair(__m5
 // group's size, not MR: a row sums in one order whether its group is whole or the last partial
 // one (where groups split depends on the blocks, so on the thread count).
 template <int MR, int NV, typename O>
-TSPP_AVX512_BF16_TARGET inline __attribute__((always_inline)) void kernel_bf16_body(int64_t terms, const c10::BFloat16* const* a_rows, int64_t K,
-                                         const c10::BFloat16* const* W_terms, int64_t N, O* const* out_rows,
-                                         __mmask16 tail, bool accumulate) {
+TSPP_AVX512_BF16_TARGET inline __attribute__((always_inline)) void kernel_bf16_body(
+    int64_t terms, const c10::BFloat16* const* a_rows, int64_t K, const c10::BFloat16* const* W_terms, int64_t N,
+    O* const* out_rows, __mmask16 tail, bool accumulate) {
   constexpr int kSets = 2 * kRowGroup * NV <= 24 ? 2 : 1;
   __m512 acc[kSets][MR][NV];
 #pragma GCC unroll 2
@@ -322,10 +324,6 @@ bool narrow_pair_gemm(int64_t count, const int32_t* src, const int32_t* dst, con
   return true;
 }
 
-// The same for bfloat16: P pairs of K (W packed in pairs) held in registers, one dot product
-// per pair of K; an odd K's last feature pairs with zero (the row may end there). Two sets of
-// sums as in kernel_bf16 (alternate whole pairs, the rest to the first set): the chains are
-// half as long, and the bits are the row-group kernel's.
 // acc += the pair p of row x . its W vectors; `half`: an odd K's last pair (second element 0).
 template <int NV>
 TSPP_AVX512_BF16_TARGET inline __attribute__((always_inline)) void dot_row_pair(__m512 (&acc)[NV], const uint16_t* x,
@@ -338,6 +336,10 @@ TSPP_AVX512_BF16_TARGET inline __attribute__((always_inline)) void dot_row_pair(
   for (int v = 0; v < NV; ++v) acc[v] = _mm512_dpbf16_ps(acc[v], xp, (__m512bh)w[v]);
 }
 
+// The same for bfloat16: P pairs of K (W packed in pairs) held in registers, one dot product
+// per pair of K; an odd K's last feature pairs with zero (the row may end there). Two sets of
+// sums as in kernel_bf16 (alternate whole pairs, the rest to the first set): the chains are
+// half as long, and the bits are the row-group kernel's.
 template <int P, int NV, bool OddK>
 TSPP_AVX512_BF16_TARGET void narrow_kernel_bf16(int64_t count, const int32_t* src, const int32_t* dst,
                                                 const c10::BFloat16* feats, int64_t ldf,
