@@ -18,43 +18,36 @@ namespace torchsparse_pp {
 
 namespace {
 
-// bias, residual and ReLU fixed at compile time: the column loop is a handful of instructions.
+// One vector of 16 values at `at` (column `col` of its row), through the epilogue, rounded; the
+// loads under `k` (a constant all-ones mask compiles to plain loads). bias, residual and ReLU
+// fixed at compile time: a handful of instructions.
+template <bool Bias, bool Residual, bool Relu>
+TSPP_AVX512_TARGET inline __attribute__((always_inline)) __m512i epilogue_vector(const float* rows, const float* bias,
+                                                                                 const uint16_t* residual, int64_t at,
+                                                                                 int64_t col, __mmask16 k) {
+  __m512 v = _mm512_maskz_loadu_ps(k, rows + at);
+  if constexpr (Bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, bias + col));
+  if constexpr (Residual)
+    v = _mm512_add_ps(v, _mm512_castsi512_ps(
+                             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, residual + at)), 16)));
+  // max returns its second operand for a NaN: 0, as the generic loop's (v > 0 ? v : 0).
+  if constexpr (Relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+  return round_to_bf16_bits(v);
+}
+
+// Row by row, the last vector of each row under a mask (any width).
 template <bool Bias, bool Residual, bool Relu>
 TSPP_AVX512_TARGET void narrow_rows(const float* rows, int64_t count, int64_t n, const float* bias,
                                     const uint16_t* residual, uint16_t* out) {
   const __mmask16 tail = static_cast<__mmask16>((1u << (n % 16 == 0 ? 16 : n % 16)) - 1u);
   for (int64_t i = 0; i < count; ++i) {
-    const float* d = rows + i * n;
     const uint16_t* r = Residual ? residual + i * n : nullptr;
-    uint16_t* o = out + i * n;
     for (int64_t j = 0; j < n; j += 16) {
       const __mmask16 k = j + 16 <= n ? __mmask16(0xFFFF) : tail;
-      __m512 v = _mm512_maskz_loadu_ps(k, d + j);
-      if constexpr (Bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, bias + j));
-      if constexpr (Residual)
-        v = _mm512_add_ps(v, _mm512_castsi512_ps(
-                                 _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, r + j)), 16)));
-      // max returns its second operand for a NaN: 0, as the generic loop's (v > 0 ? v : 0).
-      if constexpr (Relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-      const __m512i h = round_to_bf16_bits(v);
-      _mm512_mask_cvtepi32_storeu_epi16(o + j, k, h);
+      _mm512_mask_cvtepi32_storeu_epi16(out + i * n + j, k,
+                                        epilogue_vector<Bias, Residual, Relu>(rows + i * n, bias, r, j, j, k));
     }
   }
-}
-
-// One vector of 16 values at `at` (column `col` of its row), through the epilogue, rounded.
-template <bool Bias, bool Residual, bool Relu>
-TSPP_AVX512_TARGET inline __attribute__((always_inline)) __m512i epilogue_vector(const float* rows, const float* bias,
-                                                                                 const uint16_t* residual, int64_t at,
-                                                                                 int64_t col) {
-  __m512 v = _mm512_loadu_ps(rows + at);
-  if constexpr (Bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + col));
-  if constexpr (Residual)
-    v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(
-                             _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(residual + at))),
-                             16)));
-  if constexpr (Relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-  return round_to_bf16_bits(v);
 }
 
 // n a multiple of 16 (every MinkUNet / CenterPoint width): the rows are one flat run of
@@ -65,19 +58,21 @@ template <bool Bias, bool Residual, bool Relu>
 TSPP_AVX512_TARGET void narrow_flat(const float* rows, int64_t count, int64_t n, const float* bias,
                                     const uint16_t* residual, uint16_t* out) {
   const int64_t total = count * n;
+  constexpr __mmask16 kAll = 0xFFFF;
   // packus interleaves the two vectors per 128-bit lane; this puts the quarters back in order.
   const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
   int64_t at = 0, col = 0;
   for (; at + 32 <= total; at += 32) {
-    const __m512i lo = epilogue_vector<Bias, Residual, Relu>(rows, bias, residual, at, col);
+    const __m512i lo = epilogue_vector<Bias, Residual, Relu>(rows, bias, residual, at, col, kAll);
     col = col + 16 == n ? 0 : col + 16;
-    const __m512i hi = epilogue_vector<Bias, Residual, Relu>(rows, bias, residual, at + 16, col);
+    const __m512i hi = epilogue_vector<Bias, Residual, Relu>(rows, bias, residual, at + 16, col, kAll);
     col = col + 16 == n ? 0 : col + 16;
     _mm512_storeu_si512(out + at, _mm512_permutexvar_epi64(order, _mm512_packus_epi32(lo, hi)));
   }
-  if (at < total)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + at),
-                        _mm512_cvtepi32_epi16(epilogue_vector<Bias, Residual, Relu>(rows, bias, residual, at, col)));
+  if (at < total) {
+    const __m512i last = epilogue_vector<Bias, Residual, Relu>(rows, bias, residual, at, col, kAll);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + at), _mm512_cvtepi32_epi16(last));
+  }
 }
 
 }  // namespace
