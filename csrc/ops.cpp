@@ -70,15 +70,18 @@ TORCH_LIBRARY(torchsparse_pp, m) {
       "fetch_on_demand_forward_fused(Tensor feats, Tensor weight, Tensor src_idx, Tensor dst_idx, "
       "Tensor offsets, Tensor identity, SymInt num_dst, Tensor? bias, Tensor? residual, bool relu) -> Tensor");
   // BatchNorm over [N, C] features: batch statistics (mean, 1 / sqrt(var + eps), unbiased var),
-  // out = act(feats * scale + shift + residual), and the backward of the training form given the
-  // statistics (relu_affine = the forward's [scale; shift] when act is the ReLU, whose mask it
-  // recomputes; the last result is the residual's gradient).
+  // out = act(feats * scale + shift + residual) (the _masked form: act the ReLU, and its mask as
+  // bits, int16 [N, ceil(C / 16)]), and the backward of the training form given the statistics
+  // (relu_mask when act is the ReLU; the last result is the residual's gradient).
   m.def("batch_norm_stats(Tensor feats, float eps) -> (Tensor mean, Tensor invstd, Tensor var)");
   m.def("batch_norm_apply(Tensor feats, Tensor scale, Tensor shift, Tensor? residual, bool relu) -> Tensor");
   m.def(
+      "batch_norm_apply_masked(Tensor feats, Tensor scale, Tensor shift, Tensor? residual) -> (Tensor out, "
+      "Tensor relu_mask)");
+  m.def(
       "batch_norm_backward(Tensor grad_out, Tensor feats, Tensor mean, Tensor invstd, Tensor? weight, "
-      "Tensor? relu_affine, Tensor? residual, bool residual_grad) -> (Tensor grad_feats, Tensor grad_weight, "
-      "Tensor grad_bias, Tensor grad_residual)");
+      "Tensor? relu_mask, bool residual_grad) -> (Tensor grad_feats, Tensor grad_weight, Tensor grad_bias, "
+      "Tensor grad_residual)");
   // Whether this CPU runs the bfloat16 dot-product tile kernels (AVX512-BF16).
   m.def("cpu_bf16_dot() -> bool");
   // Whether this CPU runs the register kernels of fetch_on_demand / implicit GEMM (else float

@@ -156,7 +156,7 @@ FLOAT_OPS = ["sparse_conv", "gather_scatter_forward", "gather_scatter_wgrad", "f
              "triton_implicit_gemm_forward", "triton_implicit_gemm_wgrad", "triton_gather_scatter_forward",
              "triton_gather_scatter_wgrad"]
 # float32 / float64 only: bf16 features take F.batch_norm (nn.functional.norm.batch_norm_act).
-WIDE_FLOAT_OPS = ["batch_norm_stats", "batch_norm_apply", "batch_norm_backward"]
+WIDE_FLOAT_OPS = ["batch_norm_stats", "batch_norm_apply", "batch_norm_apply_masked", "batch_norm_backward"]
 
 
 def test_float_ops_list_is_complete():

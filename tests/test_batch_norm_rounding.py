@@ -9,9 +9,25 @@ from the uninterrupted one in the last bits (about one full test suite in five).
 import pytest
 import torch
 
+import torchsparse_pp as tsp
 from torchsparse_pp import ops
 
 BLOCK = 64  # batch_norm_cpu.cpp kBlockRows
+
+
+@pytest.fixture(params=tsp.backends.available_cpu_kernels())
+def isa(request):
+    """Each instruction set's row loops (the AVX-512 intrinsics, the compiler's clones)."""
+    start = tsp.backends.cpu_kernels
+    tsp.backends.cpu_kernels = request.param
+    yield request.param
+    tsp.backends.cpu_kernels = start
+
+
+def unpack(mask: torch.Tensor, channels: int) -> torch.Tensor:
+    """batch_norm_apply_masked's int16 words as a bool [N, channels]."""
+    bits = (mask.to(torch.int32)[:, :, None] >> torch.arange(16)) & 1
+    return bits.reshape(mask.shape[0], -1)[:, :channels].bool()
 
 
 def block_sums(values: torch.Tensor) -> torch.Tensor:
@@ -34,8 +50,8 @@ def cases(gen, channels):
     return rows, x, dy, weight, residual
 
 
-@pytest.mark.parametrize("channels", [3, 8, 20])
-def test_stats_and_apply_round_step_by_step(seed, channels):
+@pytest.mark.parametrize("channels", [3, 8, 20, 48])
+def test_stats_and_apply_round_step_by_step(seed, channels, isa):
     rows, x, _, weight, residual = cases(torch.Generator().manual_seed(seed), channels)
     mean, invstd, var = ops.batch_norm_stats(x, 1e-5)
     d = x - x[0]  # sums are shifted by the first row
@@ -54,23 +70,33 @@ def test_stats_and_apply_round_step_by_step(seed, channels):
             if relu:
                 expected = torch.relu(expected)
             assert torch.equal(ops.batch_norm_apply(x, scale, shift, res, relu), expected), (res is not None, relu)
+        out, mask = ops.batch_norm_apply_masked(x, scale, shift, res)
+        expected = x * scale + shift if res is None else x * scale + shift + res
+        assert torch.equal(out, torch.relu(expected))
+        assert mask.dtype == torch.int16 and mask.shape == (rows, (channels + 15) // 16)
+        assert torch.equal(unpack(mask, channels), expected > 0)
+        # Bits past the last channel stay clear.
+        assert torch.equal(unpack(mask, mask.shape[1] * 16)[:, channels:], torch.zeros(rows, mask.shape[1] * 16 - channels,
+                                                                                       dtype=torch.bool))
 
 
-@pytest.mark.parametrize("channels", [3, 8, 20])
+@pytest.mark.parametrize("channels", [3, 8, 20, 48])
 @pytest.mark.parametrize("act", ["none", "relu", "relu_residual"])
-def test_backward_rounds_step_by_step(seed, channels, act):
+def test_backward_rounds_step_by_step(seed, channels, act, isa):
     rows, x, dy, weight, residual = cases(torch.Generator().manual_seed(seed), channels)
     mean, invstd, _ = ops.batch_norm_stats(x, 1e-5)
-    affine = torch.stack([invstd * weight, -mean * invstd * weight]) if act != "none" else None
     res = residual if act == "relu_residual" else None
-    grad_feats, grad_weight, grad_bias, grad_res = ops.batch_norm_backward(dy, x, mean, invstd, weight, affine, res,
-                                                                           res is not None)
+    mask = None
     g = dy
-    if affine is not None:
-        pre = x * affine[0] + affine[1]
+    if act != "none":
+        scale, shift = invstd * weight, -mean * invstd * weight
+        _, mask = ops.batch_norm_apply_masked(x, scale, shift, res)
+        pre = x * scale + shift
         if res is not None:
             pre = pre + res
         g = torch.where(pre > 0, dy, torch.zeros_like(dy))
+    grad_feats, grad_weight, grad_bias, grad_res = ops.batch_norm_backward(dy, x, mean, invstd, weight, mask,
+                                                                           res is not None)
     sg, sgx = block_sums(g), block_sums(g * (x - mean))
     w, s = weight.double(), invstd.double()
     assert torch.equal(grad_bias, sg.float())

@@ -61,6 +61,12 @@ def _conv_args(m, dataflow, backend="native", requires_grad=True):
     return (feats, weight, *operands, kmap.num_in, kmap.num_out, text, False, False)
 
 
+def _relu_mask(m, channels):
+    """A random ReLU mask as batch_norm_apply_masked makes it: int16 bits, a word per 16 channels."""
+    return torch.randint(-2 ** 15, 2 ** 15, (m.sub.num_in, (channels + 15) // 16), generator=m.gen,
+                         dtype=torch.int32).to(torch.int16)
+
+
 def _swapped(pairs):
     """A pair view read from outputs to inputs (what dgrad passes)."""
     in_idx, out_idx, offsets, identity = pairs
@@ -132,16 +138,20 @@ CASES = {
         ("plain", lambda m: (m.randn(m.sub.num_in, 6, dtype=torch.float64), m.randn(6, dtype=torch.float64),
                              m.randn(6, dtype=torch.float64), None, False)),
     ],
+    "batch_norm_apply_masked": [
+        ("residual", lambda m: (m.randn(m.sub.num_in, 20), m.randn(20), m.randn(20), m.randn(m.sub.num_in, 20))),
+        ("plain", lambda m: (m.randn(m.sub.num_in, 6, dtype=torch.float64), m.randn(6, dtype=torch.float64),
+                             m.randn(6, dtype=torch.float64), None)),
+    ],
     "batch_norm_backward": [
         ("relu_residual", lambda m: (m.randn(m.sub.num_in, 6), m.randn(m.sub.num_in, 6), m.randn(6),
-                                     m.randn(6).abs() + 0.5, m.randn(6), m.randn(2, 6), m.randn(m.sub.num_in, 6),
-                                     True)),
-        ("relu", lambda m: (m.randn(m.sub.num_in, 6), m.randn(m.sub.num_in, 6), m.randn(6), m.randn(6).abs() + 0.5,
-                            None, m.randn(2, 6), None, False)),
+                                     m.randn(6).abs() + 0.5, m.randn(6), _relu_mask(m, 6), True)),
+        ("relu", lambda m: (m.randn(m.sub.num_in, 20), m.randn(m.sub.num_in, 20), m.randn(20),
+                            m.randn(20).abs() + 0.5, None, _relu_mask(m, 20), False)),
         ("plain", lambda m: (m.randn(m.sub.num_in, 6, dtype=torch.float64), m.randn(m.sub.num_in, 6,
                                                                                     dtype=torch.float64),
                              m.randn(6, dtype=torch.float64), m.randn(6, dtype=torch.float64).abs() + 0.5, None, None,
-                             None, False)),
+                             False)),
     ],
     "sparse_conv": [(f"{d}", lambda m, d=d: _conv_args(m, d)) for d in DATAFLOW_MODULES]
     + [("inference", lambda m: _conv_args(m, "fetch_on_demand", requires_grad=False))],

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <vector>
 
+#include "batch_norm_avx512.h"
 #include "cpu_features.h"
 
 namespace torchsparse_pp {
@@ -58,38 +59,29 @@ void shifted_sums_impl(const T* __restrict__ x, int64_t rows, int64_t n, const T
   });
 }
 
-// The ReLU's mask as the forward computed it: feats * scale + shift (+ residual) > 0.
-struct ReluMask {
-  const void* scale = nullptr;  // null: no ReLU
-  const void* shift = nullptr;
-  const void* residual = nullptr;
-};
+// The ReLU's mask as bits: one 16-bit word per 16 channels of a row, bit j % 16 of word j / 16
+// set where the forward's output was positive (kept instead of the residual the mask came from).
+int64_t mask_words(int64_t n) { return (n + 15) / 16; }
 
-template <bool Relu, bool Residual, typename T>
-TSPP_INLINE_IN_CLONES
-T masked(T g, T x, const T* __restrict__ scale, const T* __restrict__ shift, const T* __restrict__ r_row,
-         int64_t j) {
-  if constexpr (Relu) {
-    T v = x * scale[j] + shift[j];
-    if constexpr (Residual) v += r_row[j];
-    return v > T(0) ? g : T(0);
-  }
+template <bool Relu, typename T>
+TSPP_INLINE_IN_CLONES T masked(T g, const uint16_t* __restrict__ m_row, int64_t j) {
+  if constexpr (Relu) return (m_row[j >> 4] >> (j & 15)) & 1 ? g : T(0);
   return g;
 }
 
 // For the backward: sg += sum(g), sgx += sum(g * (x - mean)), g = dy, or dy under the ReLU's mask.
-template <bool Relu, bool Residual, typename T>
+template <bool Relu, typename T>
 TSPP_INLINE_IN_CLONES
-void grad_sums_impl(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ residual,
-                    int64_t rows, int64_t n, const T* __restrict__ mean, const T* __restrict__ scale,
-                    const T* __restrict__ shift, double* __restrict__ sg, double* __restrict__ sgx) {
+void grad_sums_impl(const T* __restrict__ dy, const T* __restrict__ x, const uint16_t* __restrict__ mask,
+                    int64_t rows, int64_t n, const T* __restrict__ mean, double* __restrict__ sg,
+                    double* __restrict__ sgx) {
   block_sums<T>(rows, n, sg, sgx, [&](int64_t i, T* __restrict__ p1,
                                         T* __restrict__ p2) __attribute__((always_inline)) {
     const T* __restrict__ g_row = dy + i * n;
     const T* __restrict__ x_row = x + i * n;
-    const T* __restrict__ r_row = Residual ? residual + i * n : nullptr;
+    const uint16_t* __restrict__ m_row = Relu ? mask + i * mask_words(n) : nullptr;
     for (int64_t j = 0; j < n; ++j) {
-      const T g = masked<Relu, Residual>(g_row[j], x_row[j], scale, shift, r_row, j);
+      const T g = masked<Relu>(g_row[j], m_row, j);
       p1[j] += g;
       p2[j] += g * (x_row[j] - mean[j]);
     }
@@ -114,28 +106,52 @@ void apply_impl(const T* __restrict__ x, const T* __restrict__ residual, int64_t
   }
 }
 
-// dx = a * g + b * (x - mean) + c; masked_out[i] = g when asked (the residual's gradient).
-template <bool Relu, bool Residual, typename T>
+// y = relu(x * scale + shift + residual) and its mask bits, row by row.
+template <bool Residual, typename T>
 TSPP_INLINE_IN_CLONES
-void grad_input_impl(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ residual,
-                     int64_t rows, int64_t n, const T* __restrict__ mean, const T* __restrict__ scale,
-                     const T* __restrict__ shift, const T* __restrict__ a, const T* __restrict__ b,
-                     const T* __restrict__ c, T* __restrict__ dx, T* __restrict__ masked_out) {
+void apply_masked_impl(const T* __restrict__ x, const T* __restrict__ residual, int64_t rows, int64_t n,
+                       const T* __restrict__ scale, const T* __restrict__ shift, T* __restrict__ y,
+                       uint16_t* __restrict__ mask) {
+  const int64_t words = mask_words(n);
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* __restrict__ x_row = x + i * n;
+    const T* __restrict__ r_row = Residual ? residual + i * n : nullptr;
+    T* __restrict__ y_row = y + i * n;
+    for (int64_t w = 0; w < words; ++w) {
+      uint32_t bits = 0;
+      for (int64_t j = w * 16; j < std::min(n, w * 16 + 16); ++j) {
+        T v = x_row[j] * scale[j] + shift[j];
+        if constexpr (Residual) v += r_row[j];
+        const bool positive = v > T(0);
+        y_row[j] = positive ? v : T(0);
+        bits |= uint32_t(positive) << (j - w * 16);
+      }
+      mask[i * words + w] = static_cast<uint16_t>(bits);
+    }
+  }
+}
+
+// dx = a * g + b * (x - mean) + c; masked_out[i] = g when asked (the residual's gradient).
+template <bool Relu, typename T>
+TSPP_INLINE_IN_CLONES
+void grad_input_impl(const T* __restrict__ dy, const T* __restrict__ x, const uint16_t* __restrict__ mask,
+                     int64_t rows, int64_t n, const T* __restrict__ mean, const T* __restrict__ a,
+                     const T* __restrict__ b, const T* __restrict__ c, T* __restrict__ dx, T* __restrict__ masked_out) {
   for (int64_t i = 0; i < rows; ++i) {
     const T* __restrict__ g_row = dy + i * n;
     const T* __restrict__ x_row = x + i * n;
-    const T* __restrict__ r_row = Residual ? residual + i * n : nullptr;
+    const uint16_t* __restrict__ m_row = Relu ? mask + i * mask_words(n) : nullptr;
     T* __restrict__ d_row = dx + i * n;
     if (masked_out != nullptr) {
-      T* __restrict__ m_row = masked_out + i * n;
+      T* __restrict__ m_out = masked_out + i * n;
       for (int64_t j = 0; j < n; ++j) {
-        const T g = masked<Relu, Residual>(g_row[j], x_row[j], scale, shift, r_row, j);
-        m_row[j] = g;
+        const T g = masked<Relu>(g_row[j], m_row, j);
+        m_out[j] = g;
         d_row[j] = a[j] * g + b[j] * (x_row[j] - mean[j]) + c[j];
       }
     } else {
       for (int64_t j = 0; j < n; ++j) {
-        const T g = masked<Relu, Residual>(g_row[j], x_row[j], scale, shift, r_row, j);
+        const T g = masked<Relu>(g_row[j], m_row, j);
         d_row[j] = a[j] * g + b[j] * (x_row[j] - mean[j]) + c[j];
       }
     }
@@ -152,24 +168,25 @@ TSPP_ROW_CLONES void shifted_sums(const double* x, int64_t rows, int64_t n, cons
   shifted_sums_impl(x, rows, n, shift, s1, s2);
 }
 
+// The masked entry points take mask == nullptr for "no ReLU".
 template <typename T>
-TSPP_INLINE_IN_CLONES
-void grad_sums_dispatch(const T* dy, const T* x, int64_t rows, int64_t n, const T* mean, const ReluMask& relu,
-                        double* sg, double* sgx) {
-  const T* scale = static_cast<const T*>(relu.scale);
-  const T* shift = static_cast<const T*>(relu.shift);
-  const T* r = static_cast<const T*>(relu.residual);
-  if (scale == nullptr) return grad_sums_impl<false, false>(dy, x, r, rows, n, mean, scale, shift, sg, sgx);
-  r != nullptr ? grad_sums_impl<true, true>(dy, x, r, rows, n, mean, scale, shift, sg, sgx)
-               : grad_sums_impl<true, false>(dy, x, r, rows, n, mean, scale, shift, sg, sgx);
+TSPP_INLINE_IN_CLONES void grad_sums_dispatch(const T* dy, const T* x, const uint16_t* mask, int64_t rows,
+                                              int64_t n, const T* mean, double* sg, double* sgx) {
+  mask != nullptr ? grad_sums_impl<true>(dy, x, mask, rows, n, mean, sg, sgx)
+                  : grad_sums_impl<false>(dy, x, mask, rows, n, mean, sg, sgx);
 }
-TSPP_ROW_CLONES void grad_sums(const float* dy, const float* x, int64_t rows, int64_t n, const float* mean,
-                               const ReluMask& relu, double* sg, double* sgx) {
-  grad_sums_dispatch(dy, x, rows, n, mean, relu, sg, sgx);
+TSPP_ROW_CLONES void grad_sums_generic(const float* dy, const float* x, const uint16_t* mask, int64_t rows, int64_t n,
+                                       const float* mean, double* sg, double* sgx) {
+  grad_sums_dispatch(dy, x, mask, rows, n, mean, sg, sgx);
 }
-TSPP_ROW_CLONES void grad_sums(const double* dy, const double* x, int64_t rows, int64_t n, const double* mean,
-                               const ReluMask& relu, double* sg, double* sgx) {
-  grad_sums_dispatch(dy, x, rows, n, mean, relu, sg, sgx);
+TSPP_ROW_CLONES void grad_sums(const double* dy, const double* x, const uint16_t* mask, int64_t rows, int64_t n,
+                               const double* mean, double* sg, double* sgx) {
+  grad_sums_dispatch(dy, x, mask, rows, n, mean, sg, sgx);
+}
+void grad_sums(const float* dy, const float* x, const uint16_t* mask, int64_t rows, int64_t n, const float* mean,
+               double* sg, double* sgx) {
+  if (batch_norm_avx512_available()) return bn_grad_sums_avx512(dy, x, mask, rows, n, kBlockRows, mean, sg, sgx);
+  grad_sums_generic(dy, x, mask, rows, n, mean, sg, sgx);
 }
 
 template <typename T>
@@ -194,26 +211,47 @@ TSPP_ROW_CLONES void apply_rows(const double* x, const double* residual, int64_t
 }
 
 template <typename T>
+TSPP_INLINE_IN_CLONES void apply_masked_dispatch(const T* x, const T* residual, int64_t rows, int64_t n,
+                                                 const T* scale, const T* shift, T* y, uint16_t* mask) {
+  residual != nullptr ? apply_masked_impl<true>(x, residual, rows, n, scale, shift, y, mask)
+                      : apply_masked_impl<false>(x, residual, rows, n, scale, shift, y, mask);
+}
+TSPP_ROW_CLONES void apply_masked_generic(const float* x, const float* residual, int64_t rows, int64_t n,
+                                          const float* scale, const float* shift, float* y, uint16_t* mask) {
+  apply_masked_dispatch(x, residual, rows, n, scale, shift, y, mask);
+}
+TSPP_ROW_CLONES void apply_masked_rows(const double* x, const double* residual, int64_t rows, int64_t n,
+                                       const double* scale, const double* shift, double* y, uint16_t* mask) {
+  apply_masked_dispatch(x, residual, rows, n, scale, shift, y, mask);
+}
+void apply_masked_rows(const float* x, const float* residual, int64_t rows, int64_t n, const float* scale,
+                       const float* shift, float* y, uint16_t* mask) {
+  if (batch_norm_avx512_available()) return bn_apply_masked_avx512(x, residual, rows, n, scale, shift, y, mask);
+  apply_masked_generic(x, residual, rows, n, scale, shift, y, mask);
+}
+
+template <typename T>
 TSPP_INLINE_IN_CLONES
-void grad_input_dispatch(const T* dy, const T* x, int64_t rows, int64_t n, const T* mean, const ReluMask& relu,
+void grad_input_dispatch(const T* dy, const T* x, const uint16_t* mask, int64_t rows, int64_t n, const T* mean,
                          const T* a, const T* b, const T* c, T* dx, T* masked_out) {
-  const T* scale = static_cast<const T*>(relu.scale);
-  const T* shift = static_cast<const T*>(relu.shift);
-  const T* r = static_cast<const T*>(relu.residual);
-  if (scale == nullptr)
-    return grad_input_impl<false, false>(dy, x, r, rows, n, mean, scale, shift, a, b, c, dx, masked_out);
-  r != nullptr ? grad_input_impl<true, true>(dy, x, r, rows, n, mean, scale, shift, a, b, c, dx, masked_out)
-               : grad_input_impl<true, false>(dy, x, r, rows, n, mean, scale, shift, a, b, c, dx, masked_out);
+  mask != nullptr ? grad_input_impl<true>(dy, x, mask, rows, n, mean, a, b, c, dx, masked_out)
+                  : grad_input_impl<false>(dy, x, mask, rows, n, mean, a, b, c, dx, masked_out);
 }
-TSPP_ROW_CLONES void grad_input_rows(const float* dy, const float* x, int64_t rows, int64_t n, const float* mean,
-                                     const ReluMask& relu, const float* a, const float* b, const float* c, float* dx,
-                                     float* masked_out) {
-  grad_input_dispatch(dy, x, rows, n, mean, relu, a, b, c, dx, masked_out);
+TSPP_ROW_CLONES void grad_input_generic(const float* dy, const float* x, const uint16_t* mask, int64_t rows,
+                                        int64_t n, const float* mean, const float* a, const float* b, const float* c,
+                                        float* dx, float* masked_out) {
+  grad_input_dispatch(dy, x, mask, rows, n, mean, a, b, c, dx, masked_out);
 }
-TSPP_ROW_CLONES void grad_input_rows(const double* dy, const double* x, int64_t rows, int64_t n, const double* mean,
-                                     const ReluMask& relu, const double* a, const double* b, const double* c,
+TSPP_ROW_CLONES void grad_input_rows(const double* dy, const double* x, const uint16_t* mask, int64_t rows, int64_t n,
+                                     const double* mean, const double* a, const double* b, const double* c,
                                      double* dx, double* masked_out) {
-  grad_input_dispatch(dy, x, rows, n, mean, relu, a, b, c, dx, masked_out);
+  grad_input_dispatch(dy, x, mask, rows, n, mean, a, b, c, dx, masked_out);
+}
+void grad_input_rows(const float* dy, const float* x, const uint16_t* mask, int64_t rows, int64_t n,
+                     const float* mean, const float* a, const float* b, const float* c, float* dx,
+                     float* masked_out) {
+  if (batch_norm_avx512_available()) return bn_grad_input_avx512(dy, x, mask, rows, n, mean, a, b, c, dx, masked_out);
+  grad_input_generic(dy, x, mask, rows, n, mean, a, b, c, dx, masked_out);
 }
 
 // Per-part double sums of two per-channel quantities, added up in part order.
@@ -281,8 +319,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_stats_cpu(const at::Te
   return {mean, invstd, var};
 }
 
-at::Tensor batch_norm_apply_cpu(const at::Tensor& feats, const at::Tensor& scale, const at::Tensor& shift,
-                                const c10::optional<at::Tensor>& residual, bool relu) {
+void check_apply_arguments(const at::Tensor& feats, const at::Tensor& scale, const at::Tensor& shift,
+                           const c10::optional<at::Tensor>& residual) {
   check_features(feats, "feats");
   check_channels(scale, feats, "scale");
   check_channels(shift, feats, "shift");
@@ -291,6 +329,11 @@ at::Tensor batch_norm_apply_cpu(const at::Tensor& feats, const at::Tensor& scale
     TORCH_CHECK(residual->sizes() == feats.sizes(), "batch_norm: residual must be ", feats.sizes(), ", got ",
                 residual->sizes());
   }
+}
+
+at::Tensor batch_norm_apply_cpu(const at::Tensor& feats, const at::Tensor& scale, const at::Tensor& shift,
+                                const c10::optional<at::Tensor>& residual, bool relu) {
+  check_apply_arguments(feats, scale, shift, residual);
   auto out = at::empty_like(feats);
   const int64_t rows = feats.size(0), n = feats.size(1);
   AT_DISPATCH_FLOATING_TYPES(feats.scalar_type(), "batch_norm_apply", [&] {
@@ -305,33 +348,52 @@ at::Tensor batch_norm_apply_cpu(const at::Tensor& feats, const at::Tensor& scale
   return out;
 }
 
+// relu(feats * scale + shift [+ residual]) and the ReLU's mask as bits (int16 [N, ceil(C / 16)]:
+// bit j % 16 of word j / 16 set where the output is positive), which the backward reads instead
+// of the residual.
+std::tuple<at::Tensor, at::Tensor> batch_norm_apply_masked_cpu(const at::Tensor& feats, const at::Tensor& scale,
+                                                               const at::Tensor& shift,
+                                                               const c10::optional<at::Tensor>& residual) {
+  check_apply_arguments(feats, scale, shift, residual);
+  auto out = at::empty_like(feats);
+  const int64_t rows = feats.size(0), n = feats.size(1);
+  auto mask = at::empty({rows, mask_words(n)}, feats.options().dtype(at::kShort));
+  AT_DISPATCH_FLOATING_TYPES(feats.scalar_type(), "batch_norm_apply_masked", [&] {
+    const scalar_t* x = feats.data_ptr<scalar_t>();
+    const scalar_t* r = residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr;
+    scalar_t* y = out.data_ptr<scalar_t>();
+    auto* m = reinterpret_cast<uint16_t*>(mask.data_ptr<int16_t>());
+    at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
+      apply_masked_rows(x + begin * n, r ? r + begin * n : nullptr, end - begin, n, scale.data_ptr<scalar_t>(),
+                        shift.data_ptr<scalar_t>(), y + begin * n, m + begin * mask_words(n));
+    });
+  });
+  return {out, mask};
+}
+
 // Gradients of out = act(bn(feats) * weight + bias [+ residual]) given the batch statistics.
-// `relu_affine` ([2, C]: the forward's scale and shift) is given when act is the ReLU: its mask is
-// recomputed from feats (and `residual`) rather than read from a saved output. The fourth result
-// is the residual's gradient (grad_out under the mask) when `residual_grad` and act is the ReLU,
+// `relu_mask` (from batch_norm_apply_masked) is given when act is the ReLU. The fourth result is
+// the residual's gradient (grad_out under the mask) when `residual_grad` and act is the ReLU,
 // else empty.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& feats, const at::Tensor& mean, const at::Tensor& invstd,
-    const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& relu_affine,
-    const c10::optional<at::Tensor>& residual, bool residual_grad) {
+    const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& relu_mask, bool residual_grad) {
   check_features(feats, "feats");
   check_like(grad_out, feats, "grad_out");
   TORCH_CHECK(grad_out.sizes() == feats.sizes(), "batch_norm: grad_out must be ", feats.sizes());
   check_channels(mean, feats, "mean");
   check_channels(invstd, feats, "invstd");
   if (weight.has_value()) check_channels(*weight, feats, "weight");
-  const bool relu = relu_affine.has_value();
-  if (relu) {
-    check_like(*relu_affine, feats, "relu_affine");
-    TORCH_CHECK(relu_affine->dim() == 2 && relu_affine->size(0) == 2 && relu_affine->size(1) == feats.size(1),
-                "batch_norm: relu_affine must be [2, ", feats.size(1), "], got ", relu_affine->sizes());
-  }
-  if (residual.has_value()) {
-    TORCH_CHECK(relu, "batch_norm: the residual is only read for the ReLU's mask");
-    check_like(*residual, feats, "residual");
-    TORCH_CHECK(residual->sizes() == feats.sizes(), "batch_norm: residual must be ", feats.sizes());
-  }
   const int64_t rows = feats.size(0), n = feats.size(1);
+  const bool relu = relu_mask.has_value();
+  if (relu) {
+    TORCH_CHECK(relu_mask->scalar_type() == at::kShort && relu_mask->device() == feats.device() &&
+                    relu_mask->is_contiguous(),
+                "batch_norm: relu_mask must be a contiguous int16 tensor on ", feats.device());
+    TORCH_CHECK(relu_mask->dim() == 2 && relu_mask->size(0) == rows && relu_mask->size(1) == mask_words(n),
+                "batch_norm: relu_mask must be [", rows, ", ", mask_words(n), "] (batch_norm_apply_masked's), got ",
+                relu_mask->sizes());
+  }
   auto grad_feats = at::empty_like(feats);
   auto grad_weight = at::empty({n}, feats.options());
   auto grad_bias = at::empty({n}, feats.options());
@@ -341,18 +403,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
     const scalar_t* x = feats.data_ptr<scalar_t>();
     const scalar_t* m = mean.data_ptr<scalar_t>();
     const scalar_t* is = invstd.data_ptr<scalar_t>();
-    const scalar_t* r = residual.has_value() ? residual->data_ptr<scalar_t>() : nullptr;
-    auto mask_at = [&](int64_t r0) {
-      ReluMask mask;
-      if (relu) {
-        mask.scale = relu_affine->data_ptr<scalar_t>();
-        mask.shift = relu_affine->data_ptr<scalar_t>() + n;
-        mask.residual = r ? r + r0 * n : nullptr;
-      }
-      return mask;
-    };
+    const auto* bits = relu ? reinterpret_cast<const uint16_t*>(relu_mask->data_ptr<int16_t>()) : nullptr;
+    const auto bits_at = [&](int64_t r0) { return bits != nullptr ? bits + r0 * mask_words(n) : nullptr; };
     const auto sums = part_sums(rows, n, [&](int64_t r0, int64_t count, double* sg, double* sgx) {
-      grad_sums(dy + r0 * n, x + r0 * n, count, n, m, mask_at(r0), sg, sgx);
+      grad_sums(dy + r0 * n, x + r0 * n, bits_at(r0), count, n, m, sg, sgx);
     });
     std::vector<scalar_t> a(n), b(n), c(n);
     scalar_t* gw = grad_weight.data_ptr<scalar_t>();
@@ -369,8 +423,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
     scalar_t* dx = grad_feats.data_ptr<scalar_t>();
     scalar_t* mk = masked_grad.numel() ? masked_grad.data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
-      grad_input_rows(dy + begin * n, x + begin * n, end - begin, n, m, mask_at(begin), a.data(), b.data(),
-                      c.data(), dx + begin * n, mk ? mk + begin * n : nullptr);
+      grad_input_rows(dy + begin * n, x + begin * n, bits_at(begin), end - begin, n, m, a.data(), b.data(), c.data(),
+                      dx + begin * n, mk ? mk + begin * n : nullptr);
     });
   });
   return {grad_feats, grad_weight, grad_bias, masked_grad};
@@ -381,6 +435,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
 TORCH_LIBRARY_IMPL(torchsparse_pp, CPU, m) {
   m.impl("batch_norm_stats", &batch_norm_stats_cpu);
   m.impl("batch_norm_apply", &batch_norm_apply_cpu);
+  m.impl("batch_norm_apply_masked", &batch_norm_apply_masked_cpu);
   m.impl("batch_norm_backward", &batch_norm_backward_cpu);
 }
 

@@ -7,7 +7,7 @@ from ._library import load_library
 
 load_library()
 
-from .batch_norm import batch_norm_apply, batch_norm_backward, batch_norm_stats  # noqa: E402
+from .batch_norm import batch_norm_apply, batch_norm_apply_masked, batch_norm_backward, batch_norm_stats  # noqa: E402
 from .fetch_on_demand import fetch_on_demand_forward, fetch_on_demand_wgrad  # noqa: E402
 from .fused import (cpu_bf16_dot, cpu_register_isa, cpu_register_kernels, cpu_set_register_isa,  # noqa: E402
                     fetch_on_demand_forward_fused)
@@ -26,4 +26,5 @@ __all__ = [
     "fetch_on_demand_forward_fused", "cpu_bf16_dot", "cpu_register_kernels", "cpu_register_isa",
     "cpu_set_register_isa", "pool_pairs_max", "pool_pairs_mean",
     "segment_max", "segment_mean", "sample_group_norm", "batch_norm_stats", "batch_norm_apply", "batch_norm_backward",
+    "batch_norm_apply_masked",
 ]

@@ -66,23 +66,26 @@ class _BatchNormTrain(torch.autograd.Function):
         mean, invstd, var = ops.batch_norm_stats(feats, eps)
         scale = invstd if weight is None else invstd * weight
         shift = -mean * scale if bias is None else bias - mean * scale
-        affine = torch.stack([scale, shift])
-        out = ops.batch_norm_apply(feats, affine[0], affine[1], residual, relu)
-        # The backward recomputes the ReLU's mask from the input (and residual): no output kept.
-        ctx.save_for_backward(feats, mean, invstd, weight, affine if relu else None, residual if relu else None)
+        relu_mask = None
+        if relu:
+            out, relu_mask = ops.batch_norm_apply_masked(feats, scale, shift, residual)
+        else:
+            out = ops.batch_norm_apply(feats, scale, shift, residual, False)
+        # The backward reads the ReLU's mask as bits: no output or residual kept.
+        ctx.save_for_backward(feats, mean, invstd, weight, relu_mask)
         ctx.mark_non_differentiable(mean, var)
         return out, mean, var
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # double backward raises (backends.native_batch_norm)
     def backward(ctx, grad_out, _grad_mean, _grad_var):
-        feats, mean, invstd, weight, affine, residual = ctx.saved_tensors
+        feats, mean, invstd, weight, relu_mask = ctx.saved_tensors
         needs_residual = ctx.needs_input_grad[3]
         grad_feats, grad_weight, grad_bias, grad_masked = ops.batch_norm_backward(
-            grad_out.contiguous(), feats, mean, invstd, weight, affine, residual, needs_residual)
+            grad_out.contiguous(), feats, mean, invstd, weight, relu_mask, needs_residual)
         grad_residual = None
         if needs_residual:
-            grad_residual = grad_masked if affine is not None else grad_out
+            grad_residual = grad_masked if relu_mask is not None else grad_out
         return (grad_feats if ctx.needs_input_grad[0] else None, grad_weight if ctx.needs_input_grad[1] else None,
                 grad_bias if ctx.needs_input_grad[2] else None, grad_residual, None, None)
 
@@ -95,7 +98,7 @@ def batch_norm_act(feats: torch.Tensor, running_mean: Optional[torch.Tensor], ru
     eps) + residual)`` (act: ReLU when ``relu``), the running statistics updated in place as
     F.batch_norm does. On the CPU in float32 / float64 this is one pass for the statistics and one
     for the output (the backward: one for the sums, one for the gradients, the ReLU's mask
-    recomputed from the input); elsewhere it is F.batch_norm, the add and the ReLU."""
+    kept from the forward as bits); elsewhere it is F.batch_norm, the add and the ReLU."""
     if residual is not None and residual.shape != feats.shape:
         raise ValueError(f"the residual must match the features' shape {list(feats.shape)}, got {list(residual.shape)}")
     native = _native_kernels(feats, running_mean, running_var, weight, bias, residual)
