@@ -17,7 +17,8 @@ BLOCK = 64  # batch_norm_cpu.cpp kBlockRows
 
 @pytest.fixture(params=tsp.backends.available_cpu_kernels())
 def isa(request):
-    """Each instruction set's row loops (the AVX-512 intrinsics, the compiler's clones)."""
+    """Each instruction set's float32 row loops ("avx2": the AVX2 intrinsics; "avx512" and
+    "none": the AVX-512 ones where the CPU has them)."""
     start = tsp.backends.cpu_kernels
     tsp.backends.cpu_kernels = request.param
     yield request.param
@@ -31,7 +32,8 @@ def unpack(mask: torch.Tensor, channels: int) -> torch.Tensor:
 
 
 def block_sums(values: torch.Tensor) -> torch.Tensor:
-    """Per-column sums: row by row in float32 within each block of 64 rows, blocks added in double."""
+    """Per-column sums: row by row in the values' dtype within each block of 64 rows, blocks added
+    in double."""
     total = torch.zeros(values.shape[1], dtype=torch.float64)
     for b0 in range(0, values.shape[0], BLOCK):
         acc = torch.zeros(values.shape[1], dtype=values.dtype)
@@ -80,28 +82,33 @@ def test_stats_and_apply_round_step_by_step(seed, channels, isa):
                                                                                        dtype=torch.bool))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("channels", [3, 8, 20, 48])
 @pytest.mark.parametrize("act", ["none", "relu", "relu_residual"])
-def test_backward_rounds_step_by_step(seed, channels, act, isa):
-    rows, x, dy, weight, residual = cases(torch.Generator().manual_seed(seed), channels)
+def test_backward_rounds_step_by_step(seed, channels, act, isa, dtype):
+    """float32 runs each instruction set's vector loops, float64 the generic ones (the mask's bits
+    and-ed into the values)."""
+    rows, *tensors = cases(torch.Generator().manual_seed(seed), channels)
+    x, dy, weight, residual = (t.to(dtype) for t in tensors)
     mean, invstd, _ = ops.batch_norm_stats(x, 1e-5)
     res = residual if act == "relu_residual" else None
     mask = None
     g = dy
     if act != "none":
         scale, shift = invstd * weight, -mean * invstd * weight
-        _, mask = ops.batch_norm_apply_masked(x, scale, shift, res)
+        out, mask = ops.batch_norm_apply_masked(x, scale, shift, res)
         pre = x * scale + shift
         if res is not None:
             pre = pre + res
+        assert torch.equal(out, torch.relu(pre)) and torch.equal(unpack(mask, channels), pre > 0)
         g = torch.where(pre > 0, dy, torch.zeros_like(dy))
     grad_feats, grad_weight, grad_bias, grad_res = ops.batch_norm_backward(dy, x, mean, invstd, weight, mask,
                                                                            res is not None)
     sg, sgx = block_sums(g), block_sums(g * (x - mean))
     w, s = weight.double(), invstd.double()
-    assert torch.equal(grad_bias, sg.float())
-    assert torch.equal(grad_weight, (sgx * s).float())
-    a, b, c = (w * s).float(), (-w * s * s * s * sgx / rows).float(), (-w * s * sg / rows).float()
+    assert torch.equal(grad_bias, sg.to(dtype))
+    assert torch.equal(grad_weight, (sgx * s).to(dtype))
+    a, b, c = (w * s).to(dtype), (-w * s * s * s * sgx / rows).to(dtype), (-w * s * sg / rows).to(dtype)
     assert torch.equal(grad_feats, a * g + b * (x - mean) + c)
     if res is not None:
         assert torch.equal(grad_res, g)
