@@ -4,7 +4,7 @@
 // recomputed from the input, the masked forward 2x slower than without the mask). A step's 8
 // bits become lanes by one and + compare; a row's last n % 8 columns run the same steps one at a
 // time. Every product and sum is its own rounded step, in the generic loops' order.
-#include "batch_norm_avx2.h"
+#include "batch_norm_simd.h"
 
 #include "cpu_features.h"
 
@@ -98,10 +98,7 @@ TSPP_AVX2_TARGET void grad_sums(const float* dy, const float* x, const uint16_t*
         p2[j] += g * (x_row[j] - mean[j]);
       }
     }
-    for (int64_t j = 0; j < n; ++j) {
-      sg[j] += static_cast<double>(p1[j]);
-      sgx[j] += static_cast<double>(p2[j]);
-    }
+    fold_block_sums(p1.data(), p2.data(), n, sg, sgx);
   }
 }
 

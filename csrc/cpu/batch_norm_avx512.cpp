@@ -3,7 +3,7 @@
 // would unpack the bits lane by lane; and keeping the mask as bits lets the backward skip the
 // residual (a MinkUNet residual layer's backward read it twice, ~40 % of its traffic).
 // Every product and sum is its own rounded step, in the generic loops' order.
-#include "batch_norm_avx512.h"
+#include "batch_norm_simd.h"
 
 #include "cpu_features.h"
 #include "pair_gemm.h"
@@ -77,10 +77,7 @@ TSPP_AVX512_TARGET void grad_sums(const float* dy, const float* x, const uint16_
         _mm512_storeu_ps(p2.data() + j, _mm512_add_ps(_mm512_loadu_ps(p2.data() + j), _mm512_mul_ps(g, d)));
       }
     }
-    for (int64_t j = 0; j < n; ++j) {
-      sg[j] += static_cast<double>(p1[j]);
-      sgx[j] += static_cast<double>(p2[j]);
-    }
+    fold_block_sums(p1.data(), p2.data(), n, sg, sgx);
   }
 }
 

@@ -15,8 +15,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "batch_norm_avx2.h"
-#include "batch_norm_avx512.h"
+#include "batch_norm_simd.h"
 #include "cpu_features.h"
 
 namespace torchsparse_pp {
