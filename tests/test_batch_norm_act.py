@@ -320,6 +320,11 @@ def test_ops_reject_bad_tensors(gen):
         ops.batch_norm_apply(x, torch.ones(3), torch.zeros(3), torch.randn(5, 3, generator=gen), False)
     with pytest.raises(RuntimeError, match="contiguous"):
         ops.batch_norm_apply(torch.randn(3, 6, generator=gen).t(), torch.ones(3), torch.zeros(3), None, False)
+    mean, invstd = torch.zeros(3), torch.ones(3)
+    with pytest.raises(RuntimeError, match="relu_mask must be a contiguous int16"):
+        ops.batch_norm_backward(x, x, mean, invstd, None, torch.zeros(6, 1, dtype=torch.int32), False)
+    with pytest.raises(RuntimeError, match=r"relu_mask must be \[6, 1\]"):
+        ops.batch_norm_backward(x, x, mean, invstd, None, torch.zeros(6, 2, dtype=torch.int16), False)
 
 
 def test_folded_kernels_under_autocast_follow_parameter_changes(gen):
