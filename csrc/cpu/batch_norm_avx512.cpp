@@ -40,7 +40,7 @@ TSPP_AVX512_TARGET inline __attribute__((always_inline)) __m512 masked_grad(cons
 template <bool Full, bool Residual>
 TSPP_AVX512_TARGET void apply_masked(const float* x, const float* residual, int64_t rows, int64_t n,
                                      const float* scale, const float* shift, float* y, uint16_t* mask) {
-  const int64_t words = (n + 15) / 16;
+  const int64_t words = mask_words(n);
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t i = 0; i < rows; ++i) {
     const float* x_row = x + i * n;
@@ -62,7 +62,7 @@ TSPP_AVX512_TARGET void apply_masked(const float* x, const float* residual, int6
 template <bool Full>
 TSPP_AVX512_TARGET void grad_sums(const float* dy, const float* x, const uint16_t* mask, int64_t rows, int64_t n,
                                   int64_t block_rows, const float* mean, double* sg, double* sgx) {
-  const int64_t words = (n + 15) / 16;
+  const int64_t words = mask_words(n);
   std::vector<float> p1(words * 16), p2(words * 16);
   for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
     std::fill(p1.begin(), p1.end(), 0.0f);
@@ -85,7 +85,7 @@ template <bool Full, bool MaskedOut>
 TSPP_AVX512_TARGET void grad_input(const float* dy, const float* x, const uint16_t* mask, int64_t rows, int64_t n,
                                    const float* mean, const float* a, const float* b, const float* c, float* dx,
                                    float* masked_out) {
-  const int64_t words = (n + 15) / 16;
+  const int64_t words = mask_words(n);
   for (int64_t i = 0; i < rows; ++i) {
     const uint16_t* m_row = mask != nullptr ? mask + i * words : nullptr;
     for (int64_t j = 0; j < n; j += 16) {

@@ -61,10 +61,6 @@ void shifted_sums_impl(const T* __restrict__ x, int64_t rows, int64_t n, const T
   });
 }
 
-// The ReLU's mask as bits: one 16-bit word per 16 channels of a row, bit j % 16 of word j / 16
-// set where the forward's output was positive (kept instead of the residual the mask came from).
-int64_t mask_words(int64_t n) { return (n + 15) / 16; }
-
 // out[j] = dy[j] where bit j of the row's mask is set, else +0, for j < n: by ands on the
 // values' bits (all ones or all zeros per column), 16 columns per mask word, so the compiler's
 // clones run it as vectors; a select per column compiled to a branch per column, mispredicted

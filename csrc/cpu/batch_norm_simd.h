@@ -7,6 +7,10 @@
 
 namespace torchsparse_pp {
 
+// The ReLU's mask as bits: one 16-bit word per 16 channels of a row, bit j % 16 of word j / 16
+// set where the forward's output was positive.
+inline int64_t mask_words(int64_t n) { return (n + 15) / 16; }
+
 // AVX-512 F / BW / VL present and the AVX-512 kernels not turned off (avx512_kernels_off).
 bool batch_norm_avx512_available();
 // AVX2 with FMA3 present.
