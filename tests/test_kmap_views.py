@@ -97,6 +97,29 @@ def test_symmetric_maps_mirror_their_input_sorted_pairs(kmap_backend, gen, switc
         assert mirrored.offsets[-1] > 0, name
 
 
+@pytest.mark.parametrize("kmap_backend", KMAP_BACKENDS)
+def test_strided_maps_over_sorted_coords_reuse_their_output_sorted_pairs(kmap_backend, gen, switches):
+    """A k2 s2 map over coordinates sorted by (batch, x, y, z): at a fixed offset the input
+    2 o + d grows with the output o, so the output-sorted pairs are sorted by input too and the
+    input-sorted view is the same tensors. Shuffled rows break that order: the view is then
+    built by kmap_transpose + kmap_pairs. Both equal what those ops make."""
+    backends.kmap_backend = kmap_backend
+    lidar = lidar_coords(int(torch.randint(0, 10 ** 6, (1,), generator=gen)), batch=2, voxel=0.2, box=12)
+    ordered = torch.unique(lidar, dim=0)
+    shuffled = ordered[torch.randperm(len(ordered), generator=gen)]
+    for name, coords, reused in (("sorted", ordered, True), ("shuffled", shuffled, False)):
+        kmap = strided_map(KernelMapCache(), coords, ConvGeometry.make(2, stride=2), "spconv", None)
+        by_out, by_in = kmap.pairs_sorted_by("out"), kmap.pairs_sorted_by("in")
+        assert (by_in.in_idx.data_ptr() == by_out.in_idx.data_ptr()) == reused, name
+        outs, ins, offsets, identity = kmap._ops.kmap_pairs(
+            kmap._ops.kmap_transpose(kmap.out_in, kmap.num_out, kmap.num_in, OUT_IN_ROW_PADDING),
+            kmap.num_out, kmap.num_in)
+        for got, want in ((by_in.in_idx, ins), (by_in.out_idx, outs), (by_in.offsets, offsets),
+                          (by_in.identity, identity)):
+            assert torch.equal(got, want), name
+        assert by_in.offsets[-1] == len(coords), name
+
+
 def test_empty_maps_validate():
     table = torch.full((128, 27), -1, dtype=torch.int32)
     ins, outs, offsets, identity = ops.kmap_pairs(table, 0, 0)

@@ -135,6 +135,9 @@ class KernelMap:
                 ins, outs, offsets, identity = self._ops.kmap_pairs(self.out_in, self.num_in, self.num_out)
             elif side == "in" and self.symmetric and not torch.compiler.is_compiling():
                 ins, outs, offsets, identity = self._mirrored(self.pairs_sorted_by("out"))
+            elif side == "in" and self._out_sorted_by_in():
+                out = self.pairs_sorted_by("out")
+                ins, outs, offsets, identity = out.in_idx, out.out_idx, out.offsets, out.identity
             elif side == "in":
                 # Pairs of the transposed table come sorted by input; swap back to map roles.
                 outs, ins, offsets, identity = self._ops.kmap_pairs(self.in_out, self.num_out, self.num_in)
@@ -149,6 +152,25 @@ class KernelMap:
                 host_offsets, host_identity = offsets, identity
             self._pairs[side] = PairsView(ins, outs, offsets, identity, host_offsets, host_identity)
         return self._pairs[side]
+
+    def _out_sorted_by_in(self) -> bool:
+        """Whether the pairs sorted by output are sorted by input as well within each offset, so
+        that they are the input-sorted pairs too (each input appears once per offset, so that
+        order is unique). A strided map over sorted coordinates is (input 2 o + d grows with
+        output o at a fixed offset d): its transposed conv then reads the same arrays instead of
+        kmap_transpose + kmap_pairs (~0.6 ms per 90k-input map). Checked on CPU maps only (the
+        check reads its answer on the host)."""
+        out = self.pairs_sorted_by("out")
+        if out.in_idx.device.type != "cpu" or torch.compiler.is_compiling():
+            return False
+        if out.in_idx.numel() < 2:
+            return True
+        rises = out.in_idx[1:] > out.in_idx[:-1]
+        # A fall where offset k's pairs give way to offset k + 1's is allowed.
+        starts = out.host_offsets[1:-1]
+        starts = starts[(starts > 0) & (starts < out.in_idx.numel())]
+        rises[starts - 1] = True
+        return bool(rises.all())
 
     @staticmethod
     def _mirrored(out: PairsView) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
