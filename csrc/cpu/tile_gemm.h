@@ -154,11 +154,17 @@ inline void gather_tile_transposed(const T* src, int64_t c, int64_t n, RowFn&& r
 }
 
 // A per-thread scratch buffer that grows as needed; `slot` separates buffers used together.
+// It starts on a cache line (malloc gives 16 bytes), so that rows of whole vectors do not
+// straddle lines. Its contents are whatever the last user left (M is trivially copyable).
 template <typename M, int slot>
 inline M* scratch(int64_t count) {
-  thread_local std::vector<M> buffer;
-  if (static_cast<int64_t>(buffer.size()) < count) buffer.resize(count);
-  return buffer.data();
+  static_assert(std::is_trivially_copyable_v<M>, "scratch holds plain values");
+  constexpr size_t kLine = 64;
+  thread_local std::vector<unsigned char> bytes;
+  const size_t size = static_cast<size_t>(count) * sizeof(M);
+  if (bytes.size() < size + kLine) bytes.resize(size + kLine);
+  const auto start = (reinterpret_cast<uintptr_t>(bytes.data()) + kLine - 1) / kLine * kLine;
+  return reinterpret_cast<M*>(start);
 }
 
 // A per-thread vector (its size is the caller's business).
