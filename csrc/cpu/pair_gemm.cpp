@@ -222,6 +222,11 @@ void columns(int64_t rows, int64_t terms, const T* const* a, int64_t K, const T*
   });
 }
 
+// Moves each of a group's output row pointers `by` columns on.
+inline void shift_rows(float* (&rows)[kRowGroup], int64_t by) {
+  for (auto& r : rows) r += by;
+}
+
 // One call's pairs in whole groups of kRowGroup rows for N <= 64 (one column block), the
 // kernel inlined into the loop: per group no call chain (columns -> group -> kernel) and no
 // column dispatch, ~15 % of a 48-wide bf16 layer's time before. Returns the pairs done; a
@@ -259,19 +264,44 @@ TSPP_AVX512_TARGET int64_t pair_rows_f32(int64_t count, const int32_t* src, cons
   const float* w[1] = {W};
   TSPP_PAIR_ROWS_LOOP((kernel_f32_body<kRowGroup, NV>(1, a, K, w, N, o, tail, accumulate)))
 }
+
+// 65 to 128 columns: a group's two column blocks (64, then NV vectors) back to back in the loop,
+// its rows still in L1 for the second.
+template <int NV>
+TSPP_AVX512_BF16_TARGET int64_t pair_rows_bf16_wide(int64_t count, const int32_t* src, const int32_t* dst,
+                                                    const c10::BFloat16* feats, int64_t ldf, int64_t K,
+                                                    const c10::BFloat16* W, int64_t N, float* out, int64_t ldo,
+                                                    __mmask16 tail, bool accumulate) {
+  const c10::BFloat16* w[2] = {W, W + 2 * 64};
+  TSPP_PAIR_ROWS_LOOP((kernel_bf16_body<kRowGroup, 4, float>(1, a, K, w, N, o, 0xFFFF, accumulate),
+                       shift_rows(o, 64),
+                       kernel_bf16_body<kRowGroup, NV, float>(1, a, K, w + 1, N, o, tail, accumulate)))
+}
+
+template <int NV>
+TSPP_AVX512_TARGET int64_t pair_rows_f32_wide(int64_t count, const int32_t* src, const int32_t* dst,
+                                              const float* feats, int64_t ldf, int64_t K, const float* W, int64_t N,
+                                              float* out, int64_t ldo, __mmask16 tail, bool accumulate) {
+  const float* w[2] = {W, W + 64};
+  TSPP_PAIR_ROWS_LOOP((kernel_f32_body<kRowGroup, 4>(1, a, K, w, N, o, 0xFFFF, accumulate), shift_rows(o, 64),
+                       kernel_f32_body<kRowGroup, NV>(1, a, K, w + 1, N, o, tail, accumulate)))
+}
 #undef TSPP_PAIR_ROWS_LOOP
 
-// pair_rows_*<NV> for N <= 64 columns.
+// pair_rows_*<NV> for N <= 64 columns, pair_rows_*_wide<NV> for N <= 128.
 template <typename T>
 int64_t pair_rows(int64_t count, const int32_t* src, const int32_t* dst, const T* feats, int64_t ldf, int64_t K,
                   const T* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
   int64_t done = 0;
-  for_column_blocks(N, [&](int64_t, auto nv, __mmask16 tail) {
+  for_column_blocks(N, [&](int64_t n0, auto nv, __mmask16 tail) {
     constexpr int kNv = decltype(nv)::value;
+    if (N > 64 && n0 == 0) return;  // the wide loop runs both blocks from the second's call
     if constexpr (std::is_same_v<T, float>)
-      done = pair_rows_f32<kNv>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate);
+      done = N > 64 ? pair_rows_f32_wide<kNv>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate)
+                    : pair_rows_f32<kNv>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate);
     else
-      done = pair_rows_bf16<kNv>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate);
+      done = N > 64 ? pair_rows_bf16_wide<kNv>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate)
+                    : pair_rows_bf16<kNv>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate);
   });
   return done;
 }
@@ -402,7 +432,7 @@ void pair_gemm_impl(int64_t count, const int32_t* src, const int32_t* dst, const
   const T* a[kRows];
   float* o[kRows];
   const T* w[1] = {W};
-  const int64_t start = N <= 64 ? pair_rows(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate) : 0;
+  const int64_t start = N <= 128 ? pair_rows(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate) : 0;
   for (int64_t i0 = start; i0 < count; i0 += kRows) {
     const int64_t rows = std::min(kRows, count - i0);
     if (i0 + kRows < count)
