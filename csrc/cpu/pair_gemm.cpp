@@ -293,9 +293,10 @@ template <typename T>
 int64_t pair_rows(int64_t count, const int32_t* src, const int32_t* dst, const T* feats, int64_t ldf, int64_t K,
                   const T* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
   int64_t done = 0;
-  for_column_blocks(N, [&](int64_t n0, auto nv, __mmask16 tail) {
+  // One block: all N columns, or with N > 64 the columns after the first 64 (the wide loop runs
+  // the first block with them).
+  for_column_blocks(N > 64 ? N - 64 : N, [&](int64_t, auto nv, __mmask16 tail) {
     constexpr int kNv = decltype(nv)::value;
-    if (N > 64 && n0 == 0) return;  // the wide loop runs both blocks from the second's call
     if constexpr (std::is_same_v<T, float>)
       done = N > 64 ? pair_rows_f32_wide<kNv>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate)
                     : pair_rows_f32<kNv>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate);

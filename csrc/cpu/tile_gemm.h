@@ -155,7 +155,7 @@ inline void gather_tile_transposed(const T* src, int64_t c, int64_t n, RowFn&& r
 
 // A per-thread scratch buffer that grows as needed; `slot` separates buffers used together.
 // It starts on a cache line (malloc gives 16 bytes), so that rows of whole vectors do not
-// straddle lines. Its contents are whatever the last user left (M is trivially copyable).
+// straddle lines. Its contents are unspecified (growing it moves them): callers write first.
 template <typename M, int slot>
 inline M* scratch(int64_t count) {
   static_assert(std::is_trivially_copyable_v<M>, "scratch holds plain values");
