@@ -52,7 +52,7 @@ def cases(gen, channels):
     return rows, x, dy, weight, residual
 
 
-@pytest.mark.parametrize("channels", [3, 8, 20, 48])
+@pytest.mark.parametrize("channels", [3, 8, 16, 20, 48, 128, 144])
 def test_stats_and_apply_round_step_by_step(seed, channels, isa):
     rows, x, _, weight, residual = cases(torch.Generator().manual_seed(seed), channels)
     mean, invstd, var = ops.batch_norm_stats(x, 1e-5)
@@ -83,7 +83,7 @@ def test_stats_and_apply_round_step_by_step(seed, channels, isa):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("channels", [3, 8, 20, 48])
+@pytest.mark.parametrize("channels", [3, 8, 16, 20, 48, 128, 144])
 @pytest.mark.parametrize("act", ["none", "relu", "relu_residual"])
 def test_backward_rounds_step_by_step(seed, channels, act, isa, dtype):
     """float32 runs each instruction set's vector loops, float64 the generic ones (the mask's bits

@@ -7,6 +7,7 @@
 #include "batch_norm_simd.h"
 
 #include "cpu_features.h"
+#include "register_tile.h"
 
 #include <immintrin.h>
 
@@ -71,6 +72,62 @@ TSPP_AVX2_TARGET void apply_masked(const float* x, const float* residual, int64_
       }
       m_row[w] = static_cast<uint16_t>(word);
     }
+  }
+}
+
+// Channels up to kRegisterVectors * 8 (a multiple of 8) keep a block's sums in registers (in
+// memory each row's sums wait on the previous row's stores). Same steps, same order.
+constexpr int kRegisterVectors = 6;
+
+template <int NV>
+TSPP_AVX2_TARGET inline __attribute__((always_inline)) void fold_registers(const __m256 (&p1)[NV],
+                                                                            const __m256 (&p2)[NV], double* s1,
+                                                                            double* s2) {
+  alignas(32) float b1[8 * NV], b2[8 * NV];
+  for (int v = 0; v < NV; ++v) {
+    _mm256_store_ps(b1 + 8 * v, p1[v]);
+    _mm256_store_ps(b2 + 8 * v, p2[v]);
+  }
+  fold_block_sums(b1, b2, 8 * NV, s1, s2);
+}
+
+template <int NV>
+TSPP_AVX2_TARGET void shifted_sums_registers(const float* x, int64_t rows, int64_t block_rows, const float* shift,
+                                             double* s1, double* s2) {
+  constexpr int64_t n = 8 * NV;
+  for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+    __m256 p1[NV], p2[NV];
+    for (int v = 0; v < NV; ++v) p1[v] = p2[v] = _mm256_setzero_ps();
+    for (int64_t i = r0; i < std::min(rows, r0 + block_rows); ++i) {
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i * n + 8 * v), _mm256_loadu_ps(shift + 8 * v));
+        p1[v] = _mm256_add_ps(p1[v], d);
+        p2[v] = _mm256_add_ps(p2[v], _mm256_mul_ps(d, d));
+      }
+    }
+    fold_registers<NV>(p1, p2, s1, s2);
+  }
+}
+
+template <int NV>
+TSPP_AVX2_TARGET void grad_sums_registers(const float* dy, const float* x, const uint16_t* mask, int64_t rows,
+                                          int64_t block_rows, const float* mean, double* sg, double* sgx) {
+  constexpr int64_t n = 8 * NV, words = (n + 15) / 16;
+  for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+    __m256 p1[NV], p2[NV];
+    for (int v = 0; v < NV; ++v) p1[v] = p2[v] = _mm256_setzero_ps();
+    for (int64_t i = r0; i < std::min(rows, r0 + block_rows); ++i) {
+      const uint16_t* m_row = mask != nullptr ? mask + i * words : nullptr;
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        const __m256 g = masked_grad(dy + i * n, m_row, 8 * v);
+        const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i * n + 8 * v), _mm256_loadu_ps(mean + 8 * v));
+        p1[v] = _mm256_add_ps(p1[v], g);
+        p2[v] = _mm256_add_ps(p2[v], _mm256_mul_ps(g, d));
+      }
+    }
+    fold_registers<NV>(p1, p2, sg, sgx);
   }
 }
 
@@ -141,8 +198,23 @@ void bn_apply_masked_avx2(const float* x, const float* residual, int64_t rows, i
   apply_masked(x, residual, rows, n, scale, shift, y, mask);
 }
 
+bool bn_shifted_sums_avx2(const float* x, int64_t rows, int64_t n, int64_t block_rows, const float* shift, double* s1,
+                          double* s2) {
+  if (n % 8 != 0 || n / 8 > kRegisterVectors) return false;
+  with_constant<kRegisterVectors>(n / 8, [&](auto nv) {
+    shifted_sums_registers<decltype(nv)::value>(x, rows, block_rows, shift, s1, s2);
+  });
+  return true;
+}
+
 void bn_grad_sums_avx2(const float* dy, const float* x, const uint16_t* mask, int64_t rows, int64_t n,
                        int64_t block_rows, const float* mean, double* sg, double* sgx) {
+  if (n % 8 == 0 && n / 8 <= kRegisterVectors) {
+    with_constant<kRegisterVectors>(n / 8, [&](auto nv) {
+      grad_sums_registers<decltype(nv)::value>(dy, x, mask, rows, block_rows, mean, sg, sgx);
+    });
+    return;
+  }
   grad_sums(dy, x, mask, rows, n, block_rows, mean, sg, sgx);
 }
 

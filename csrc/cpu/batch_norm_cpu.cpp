@@ -172,9 +172,14 @@ void grad_input_impl(const T* __restrict__ dy, const T* __restrict__ x, const ui
 }
 
 // Multi-versioned entry points (target_clones needs plain functions).
-TSPP_ROW_CLONES void shifted_sums(const float* x, int64_t rows, int64_t n, const float* shift, double* s1,
-                                  double* s2) {
+TSPP_ROW_CLONES void shifted_sums_generic(const float* x, int64_t rows, int64_t n, const float* shift, double* s1,
+                                          double* s2) {
   shifted_sums_impl(x, rows, n, shift, s1, s2);
+}
+void shifted_sums(const float* x, int64_t rows, int64_t n, const float* shift, double* s1, double* s2) {
+  if (batch_norm_avx512_available() && bn_shifted_sums_avx512(x, rows, n, kBlockRows, shift, s1, s2)) return;
+  if (batch_norm_avx2_available() && bn_shifted_sums_avx2(x, rows, n, kBlockRows, shift, s1, s2)) return;
+  shifted_sums_generic(x, rows, n, shift, s1, s2);
 }
 TSPP_ROW_CLONES void shifted_sums(const double* x, int64_t rows, int64_t n, const double* shift, double* s1,
                                   double* s2) {

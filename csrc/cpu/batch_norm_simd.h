@@ -22,6 +22,14 @@ void bn_apply_masked_avx512(const float* x, const float* residual, int64_t rows,
 void bn_apply_masked_avx2(const float* x, const float* residual, int64_t rows, int64_t n, const float* scale,
                           const float* shift, float* y, uint16_t* mask);
 
+// s1 += sum(x - shift), s2 += sum((x - shift)^2) over `rows` rows, as the generic loop; false
+// (nothing done) unless n fits the registers (AVX-512: a multiple of 16 up to 128; AVX2: of 8
+// up to 48).
+bool bn_shifted_sums_avx512(const float* x, int64_t rows, int64_t n, int64_t block_rows, const float* shift,
+                            double* s1, double* s2);
+bool bn_shifted_sums_avx2(const float* x, int64_t rows, int64_t n, int64_t block_rows, const float* shift, double* s1,
+                          double* s2);
+
 // sg += sum(g), sgx += sum(g * (x - mean)) over `rows` rows, g = dy (mask null) or dy where the
 // mask bit is set; in float over blocks of `block_rows` rows, each block folded into double.
 void bn_grad_sums_avx512(const float* dy, const float* x, const uint16_t* mask, int64_t rows, int64_t n,
