@@ -91,28 +91,11 @@ TSPP_AVX2_TARGET inline __attribute__((always_inline)) void fold_registers(const
   fold_block_sums(b1, b2, 8 * NV, s1, s2);
 }
 
-template <int NV>
-TSPP_AVX2_TARGET void shifted_sums_registers(const float* x, int64_t rows, int64_t block_rows, const float* shift,
-                                             double* s1, double* s2) {
-  constexpr int64_t n = 8 * NV;
-  for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
-    __m256 p1[NV], p2[NV];
-    for (int v = 0; v < NV; ++v) p1[v] = p2[v] = _mm256_setzero_ps();
-    for (int64_t i = r0; i < std::min(rows, r0 + block_rows); ++i) {
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i * n + 8 * v), _mm256_loadu_ps(shift + 8 * v));
-        p1[v] = _mm256_add_ps(p1[v], d);
-        p2[v] = _mm256_add_ps(p2[v], _mm256_mul_ps(d, d));
-      }
-    }
-    fold_registers<NV>(p1, p2, s1, s2);
-  }
-}
-
-template <int NV>
-TSPP_AVX2_TARGET void grad_sums_registers(const float* dy, const float* x, const uint16_t* mask, int64_t rows,
-                                          int64_t block_rows, const float* mean, double* sg, double* sgx) {
+// s1 += sum(a), s2 += sum(a * d) per channel, d = x - center: the statistics (a = d, center the
+// shift) or the backward's sums (a = dy, under the mask when given; center the mean).
+template <int NV, bool Stats>
+TSPP_AVX2_TARGET void register_sums(const float* dy, const float* x, const uint16_t* mask, int64_t rows,
+                                    int64_t block_rows, const float* center, double* s1, double* s2) {
   constexpr int64_t n = 8 * NV, words = (n + 15) / 16;
   for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
     __m256 p1[NV], p2[NV];
@@ -121,13 +104,13 @@ TSPP_AVX2_TARGET void grad_sums_registers(const float* dy, const float* x, const
       const uint16_t* m_row = mask != nullptr ? mask + i * words : nullptr;
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) {
-        const __m256 g = masked_grad(dy + i * n, m_row, 8 * v);
-        const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i * n + 8 * v), _mm256_loadu_ps(mean + 8 * v));
-        p1[v] = _mm256_add_ps(p1[v], g);
-        p2[v] = _mm256_add_ps(p2[v], _mm256_mul_ps(g, d));
+        const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i * n + 8 * v), _mm256_loadu_ps(center + 8 * v));
+        const __m256 a = Stats ? d : masked_grad(dy + i * n, m_row, 8 * v);
+        p1[v] = _mm256_add_ps(p1[v], a);
+        p2[v] = _mm256_add_ps(p2[v], _mm256_mul_ps(a, d));
       }
     }
-    fold_registers<NV>(p1, p2, sg, sgx);
+    fold_registers<NV>(p1, p2, s1, s2);
   }
 }
 
@@ -202,7 +185,7 @@ bool bn_shifted_sums_avx2(const float* x, int64_t rows, int64_t n, int64_t block
                           double* s2) {
   if (n % 8 != 0 || n / 8 > kRegisterVectors) return false;
   with_constant<kRegisterVectors>(n / 8, [&](auto nv) {
-    shifted_sums_registers<decltype(nv)::value>(x, rows, block_rows, shift, s1, s2);
+    register_sums<decltype(nv)::value, true>(nullptr, x, nullptr, rows, block_rows, shift, s1, s2);
   });
   return true;
 }
@@ -211,7 +194,7 @@ void bn_grad_sums_avx2(const float* dy, const float* x, const uint16_t* mask, in
                        int64_t block_rows, const float* mean, double* sg, double* sgx) {
   if (n % 8 == 0 && n / 8 <= kRegisterVectors) {
     with_constant<kRegisterVectors>(n / 8, [&](auto nv) {
-      grad_sums_registers<decltype(nv)::value>(dy, x, mask, rows, block_rows, mean, sg, sgx);
+      register_sums<decltype(nv)::value, false>(dy, x, mask, rows, block_rows, mean, sg, sgx);
     });
     return;
   }

@@ -78,13 +78,15 @@ TSPP_AVX512_TARGET inline __attribute__((always_inline)) void fold_registers(con
   fold_block_sums(b1, b2, 16 * NV, s1, s2);
 }
 
-template <int NV>
-TSPP_AVX512_TARGET void shifted_sums_registers(const float* x, int64_t rows, int64_t block_rows, const float* shift,
-                                               double* s1, double* s2) {
+// s1 += sum(a), s2 += sum(a * d) per channel, d = x - center: the statistics (a = d, center the
+// shift) or the backward's sums (a = dy, under the mask when Masked; center the mean).
+template <int NV, bool Stats, bool Masked>
+TSPP_AVX512_TARGET void register_sums(const float* dy, const float* x, const uint16_t* mask, int64_t rows,
+                                      int64_t block_rows, const float* center, double* s1, double* s2) {
   constexpr int64_t n = 16 * NV;
-  __m512 sh[NV];
+  __m512 c[NV];
 #pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) sh[v] = _mm512_loadu_ps(shift + 16 * v);
+  for (int v = 0; v < NV; ++v) c[v] = _mm512_loadu_ps(center + 16 * v);
   for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
     __m512 p1[NV], p2[NV];
 #pragma GCC unroll 8
@@ -92,37 +94,17 @@ TSPP_AVX512_TARGET void shifted_sums_registers(const float* x, int64_t rows, int
     for (int64_t i = r0; i < std::min(rows, r0 + block_rows); ++i) {
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) {
-        const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + i * n + 16 * v), sh[v]);
-        p1[v] = _mm512_add_ps(p1[v], d);
-        p2[v] = _mm512_add_ps(p2[v], _mm512_mul_ps(d, d));
+        const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + i * n + 16 * v), c[v]);
+        __m512 a = d;
+        if constexpr (!Stats) {
+          const __mmask16 k = Masked ? static_cast<__mmask16>(mask[i * NV + v]) : kAll;
+          a = _mm512_maskz_loadu_ps(k, dy + i * n + 16 * v);
+        }
+        p1[v] = _mm512_add_ps(p1[v], a);
+        p2[v] = _mm512_add_ps(p2[v], _mm512_mul_ps(a, d));
       }
     }
     fold_registers<NV>(p1, p2, s1, s2);
-  }
-}
-
-template <int NV, bool Masked>
-TSPP_AVX512_TARGET void grad_sums_registers(const float* dy, const float* x, const uint16_t* mask, int64_t rows,
-                                            int64_t block_rows, const float* mean, double* sg, double* sgx) {
-  constexpr int64_t n = 16 * NV;
-  __m512 mu[NV];
-#pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) mu[v] = _mm512_loadu_ps(mean + 16 * v);
-  for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
-    __m512 p1[NV], p2[NV];
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) p1[v] = p2[v] = _mm512_setzero_ps();
-    for (int64_t i = r0; i < std::min(rows, r0 + block_rows); ++i) {
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        const __mmask16 k = Masked ? static_cast<__mmask16>(mask[i * NV + v]) : kAll;
-        const __m512 g = _mm512_maskz_loadu_ps(k, dy + i * n + 16 * v);
-        const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + i * n + 16 * v), mu[v]);
-        p1[v] = _mm512_add_ps(p1[v], g);
-        p2[v] = _mm512_add_ps(p2[v], _mm512_mul_ps(g, d));
-      }
-    }
-    fold_registers<NV>(p1, p2, sg, sgx);
   }
 }
 
@@ -190,7 +172,7 @@ bool bn_shifted_sums_avx512(const float* x, int64_t rows, int64_t n, int64_t blo
                             double* s1, double* s2) {
   if (n % 16 != 0 || n / 16 > kRegisterVectors) return false;
   with_constant<kRegisterVectors>(n / 16, [&](auto nv) {
-    shifted_sums_registers<decltype(nv)::value>(x, rows, block_rows, shift, s1, s2);
+    register_sums<decltype(nv)::value, true, false>(nullptr, x, nullptr, rows, block_rows, shift, s1, s2);
   });
   return true;
 }
@@ -200,8 +182,8 @@ void bn_grad_sums_avx512(const float* dy, const float* x, const uint16_t* mask, 
   if (n % 16 == 0 && n / 16 <= kRegisterVectors) {
     with_constant<kRegisterVectors>(n / 16, [&](auto nv) {
       constexpr int NV = decltype(nv)::value;
-      mask != nullptr ? grad_sums_registers<NV, true>(dy, x, mask, rows, block_rows, mean, sg, sgx)
-                      : grad_sums_registers<NV, false>(dy, x, mask, rows, block_rows, mean, sg, sgx);
+      mask != nullptr ? register_sums<NV, false, true>(dy, x, mask, rows, block_rows, mean, sg, sgx)
+                      : register_sums<NV, false, false>(dy, x, mask, rows, block_rows, mean, sg, sgx);
     });
     return;
   }
