@@ -60,6 +60,15 @@ TORCH_LIBRARY(torchsparse_pp, m) {
       "implicit_gemm_forward(Tensor feats, Tensor weight, Tensor table, SymInt num_dst, "
       "bool transpose_weight, Tensor bounds, Tensor order, Tensor tile_masks, int tile_rows, "
       "bool allow_tf32=False) -> Tensor");
+  // The CPU register kernels' operands of a plan (per group of rows: its offsets and sources),
+  // built once per map, and the forward that reads them instead of the table.
+  m.def(
+      "implicit_gemm_row_groups(Tensor table, SymInt num_rows, Tensor bounds, Tensor order, Tensor tile_masks, "
+      "int tile_rows) -> (Tensor term_begin, Tensor term_offsets, Tensor term_sources)");
+  m.def(
+      "implicit_gemm_forward_grouped(Tensor feats, Tensor weight, Tensor table, SymInt num_dst, "
+      "bool transpose_weight, Tensor bounds, Tensor order, Tensor tile_masks, int tile_rows, Tensor term_begin, "
+      "Tensor term_offsets, Tensor term_sources) -> Tensor");
   m.def(
       "implicit_gemm_wgrad(Tensor feats, Tensor grad_out, Tensor table, Tensor bounds, Tensor order, "
       "Tensor tile_masks, int tile_rows, bool allow_tf32=False) -> Tensor");

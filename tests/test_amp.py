@@ -151,6 +151,7 @@ def test_every_layer_dtype_under_autocast_compiled(dtype, training):
 
 FLOAT_OPS = ["sparse_conv", "gather_scatter_forward", "gather_scatter_wgrad", "fetch_on_demand_forward",
              "fetch_on_demand_wgrad", "fetch_on_demand_forward_fused", "implicit_gemm_forward", "implicit_gemm_wgrad",
+             "implicit_gemm_forward_grouped",
              "pool_pairs_max", "pool_pairs_mean", "segment_max", "segment_mean", "sample_group_norm",
              "triton_fetch_on_demand_forward", "triton_fetch_on_demand_forward_owned", "triton_fetch_on_demand_wgrad",
              "triton_implicit_gemm_forward", "triton_implicit_gemm_wgrad", "triton_gather_scatter_forward",

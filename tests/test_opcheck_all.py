@@ -116,6 +116,13 @@ CASES = {
     "implicit_gemm_forward": [
         (f"splits={s}", lambda m, s=s: (m.randn(m.sub.num_in, 5), m.randn(27, 5, 7), m.sub.out_in, m.sub.num_out,
                                         False, *_plan(m.sub, s), 8)) for s in (0, 2)],
+    "implicit_gemm_row_groups": [(f"splits={s}", lambda m, s=s: (m.sub.out_in, m.sub.num_out, *_plan(m.sub, s), 8))
+                                 for s in (0, 2)],
+    "implicit_gemm_forward_grouped": [
+        (f"splits={s}", lambda m, s=s: (m.randn(m.sub.num_in, 5), m.randn(27, 5, 7), m.sub.out_in, m.sub.num_out,
+                                        False, *_plan(m.sub, s), 8,
+                                        *ops.implicit_gemm_row_groups(m.sub.out_in, m.sub.num_out, *_plan(m.sub, s),
+                                                                      8))) for s in (0, 2)],
     "implicit_gemm_wgrad": [("", lambda m: (m.randn(m.sub.num_in, 5), m.randn(m.sub.num_out, 7), m.sub.out_in,
                                            *_plan(m.sub), 8))],
     "pool_pairs_max": [("", lambda m: (m.randn(m.down.num_in, 6, requires_grad=True), *_pairs(m, m.down)[:2],

@@ -113,9 +113,12 @@ int64_t offsets_per_block(int64_t rows, int64_t channels) {
   return std::max<int64_t>(1, kIm2colValues / std::max<int64_t>(1, rows * channels));  // channels may be 0
 }
 
+// `groups`: the plan's row groups (implicit_gemm_row_groups), or null to build them here. With
+// them given the table is read (and checked) only by the tile path.
 template <typename T, typename Tiles>
 at::Tensor forward_impl(Tiles, const at::Tensor& feats, const at::Tensor& weight, const at::Tensor& table,
-                        int64_t num_dst, bool transpose_weight, const KmapPlan& plan) {
+                        int64_t num_dst, bool transpose_weight, const KmapPlan& plan,
+                        const RowGroupTensors* groups) {
   using A = typename Tiles::A;
   using M = typename Tiles::Acc;
   const at::Tensor w = Tiles::weights(weight, transpose_weight);
@@ -129,9 +132,12 @@ at::Tensor forward_impl(Tiles, const at::Tensor& feats, const at::Tensor& weight
   const char* skip = bad.empty() ? nullptr : bad.data();
   // Weights with Inf / NaN take the tile path (a zero row times them would be NaN).
   if constexpr (kPairKernel<T, Tiles>) {
-    if (pair_gemm_available() && skip == nullptr)
-      return register_forward<T>(feats, wp, k_len, table, num_dst, c_src, c_dst, plan);
+    if (pair_gemm_available() && skip == nullptr) {
+      const RowGroupTensors built = groups != nullptr ? *groups : build_row_groups(plan, table);
+      return register_forward<T>(feats, wp, k_len, row_groups_view(plan, built), num_dst, c_src, c_dst, plan);
+    }
   }
+  if (groups != nullptr) check_table(table, num_dst, K, feats.size(0));
   check_plan_covers_table(plan, table);
   const bool partial = plan.splits > 1;
   const auto acc_type = c10::CppTypeToScalarType<M>::value;
@@ -206,7 +212,30 @@ at::Tensor implicit_gemm_forward_cpu(const at::Tensor& feats_in, const at::Tenso
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, feats.scalar_type(), "implicit_gemm_forward_cpu", [&] {
     with_tiles<scalar_t>([&](auto tiles) {
-      out = forward_impl<scalar_t>(tiles, feats, weight, table, num_dst, transpose_weight, plan);
+      out = forward_impl<scalar_t>(tiles, feats, weight, table, num_dst, transpose_weight, plan, nullptr);
+    });
+  });
+  return out;
+}
+
+at::Tensor implicit_gemm_forward_grouped_cpu(const at::Tensor& feats_in, const at::Tensor& weight,
+                                             const at::Tensor& table, int64_t num_dst, bool transpose_weight,
+                                             const at::Tensor& bounds, const at::Tensor& order,
+                                             const at::Tensor& tile_masks, int64_t tile_rows,
+                                             const at::Tensor& term_begin, const at::Tensor& term_offsets,
+                                             const at::Tensor& term_sources) {
+  check_feats(feats_in, "feats");
+  check_weight(weight, feats_in, transpose_weight);
+  check_rows(num_dst, "num_dst");
+  TORCH_CHECK(table.dim() == 2 && num_dst >= 0 && num_dst <= table.size(0),
+              "the map must be [rows >= num_dst, K] with num_dst = ", num_dst, ", got ", table.sizes());
+  const auto plan = make_kmap_plan(bounds, order, tile_masks, weight.size(0), num_dst, tile_rows);
+  const RowGroupTensors groups{term_begin, term_offsets, term_sources};
+  const auto feats = feats_in.contiguous();
+  at::Tensor out;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, feats.scalar_type(), "implicit_gemm_forward_grouped_cpu", [&] {
+    with_tiles<scalar_t>([&](auto tiles) {
+      out = forward_impl<scalar_t>(tiles, feats, weight, table, num_dst, transpose_weight, plan, &groups);
     });
   });
   return out;
@@ -239,6 +268,7 @@ at::Tensor implicit_gemm_wgrad_cpu(const at::Tensor& feats_in, const at::Tensor&
 
 TORCH_LIBRARY_IMPL(torchsparse_pp, CPU, m) {
   m.impl("implicit_gemm_forward", &implicit_gemm_forward_cpu);
+  m.impl("implicit_gemm_forward_grouped", &implicit_gemm_forward_grouped_cpu);
   m.impl("implicit_gemm_wgrad", &implicit_gemm_wgrad_cpu);
 }
 

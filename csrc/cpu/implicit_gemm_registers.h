@@ -9,6 +9,7 @@
 #include <atomic>
 #include <type_traits>
 
+#include "implicit_gemm_groups.h"
 #include "implicit_gemm_plan.h"
 #include "pair_gemm.h"
 #include "row_ops.h"
@@ -19,24 +20,22 @@ namespace torchsparse_pp {
 // Positions of a split's row order per work item (16 row groups).
 constexpr int64_t kRegisterItemRows = 16 * kRowGroup;
 
-// The forward over positions [pos0, pos1) of split s's row order: groups of kRowGroup rows sum,
-// in registers, every offset that one of them has (ascending, as the tile path) and write their
-// output rows once; a row's absent neighbours read a row of zeros; padding slots of a sorted plan
-// write to a sink row. A group's offsets come from its rows' present bits, not from the tile
-// masks: fewer terms than a tile has, and no branch per (row, offset). A sorted plan's rows read
-// features scattered over the scan, so the loop is pipelined: the next group's operands are
-// built, requesting its feature and output rows and the table rows of the group after it,
-// before this group's GEMM (1.4-1.5x on MinkUNet's full-resolution layers on a Zen 5; the table
-// rows another ~4 % of the bf16 forward). Output rows O are float, or bfloat16 (one split): the
-// kernel then rounds its sums into the output rows (a group of more than kMaxNarrowRowTerms
-// terms goes through a float staging block in L1), so no float output is written and converted
-// afterwards. `zero_empty`: rows without neighbours get zeros (a split's partial buffer starts
-// at zero). Returns false when a row has a neighbour outside its tile's mask (the plan is not
-// the table's; the caller raises).
+// The forward over positions [pos0, pos1) of split s's row order (pos0 a multiple of kRowGroup):
+// groups of kRowGroup rows sum, in registers, the terms of their row group (implicit_gemm_groups.h:
+// every offset one of them has, ascending, as the tile path) and write their output rows once;
+// a row's absent neighbours read a row of zeros; padding slots of a sorted plan write to a sink
+// row. A sorted plan's rows read features scattered over the scan, so the loop is pipelined: the
+// next group's operands are set up, requesting its feature and output rows, before this group's
+// GEMM (1.4-1.5x on MinkUNet's full-resolution layers on a Zen 5). Output rows O are float, or
+// bfloat16 (one split): the kernel then rounds its sums into the output rows (a group of more
+// than kMaxNarrowRowTerms terms goes through a float staging block in L1), so no float output is
+// written and converted afterwards. `zero_empty`: rows without neighbours get zeros (a split's
+// partial buffer starts at zero). Returns false when a group's terms or sources are out of range
+// (those read as nothing; the caller raises kBadRowGroups).
 template <typename T, typename A, typename O>
-bool register_rows(const KmapPlan& plan, int64_t s, int64_t pos0, int64_t pos1, const int32_t* map, int64_t K,
-                   const T* f, int64_t c_src, const A* wp, int64_t k_len, int64_t c_dst, O* dst,
-                   bool zero_empty, PresentBits bits_of) {
+bool register_rows(const KmapPlan& plan, const RowGroups& row_groups, int64_t s, int64_t pos0, int64_t pos1,
+                   const T* f, int64_t num_src, int64_t c_src, const A* wp, int64_t k_len, int64_t c_dst, O* dst,
+                   bool zero_empty) {
   constexpr bool kNarrow = std::is_same_v<O, c10::BFloat16>;
   const int64_t b0 = plan.bounds[s], b1 = plan.bounds[s + 1], span = b1 - b0;
   const T* zeros = scratch_zeros<T>(c_src);
@@ -64,48 +63,34 @@ bool register_rows(const KmapPlan& plan, int64_t s, int64_t pos0, int64_t pos1, 
     for (int64_t b = 0; row != nullptr && b < c_dst * int64_t(sizeof(O)); b += 64)
       __builtin_prefetch(reinterpret_cast<const char*>(row) + b, 1);
   };
-  bool covered = true;
+  bool valid = true;
+  const uintptr_t feature_base = reinterpret_cast<uintptr_t>(f), zero_row = reinterpret_cast<uintptr_t>(zeros);
+  const uintptr_t row_bytes = uintptr_t(c_src) * sizeof(T);
   const auto build = [&](int64_t pos, Group& g) {
     g.rows = std::min(kRowGroup, pos1 - pos);
-    g.used = 0;
-    const int32_t* table_rows[kRowGroup];
-    uint64_t present[kRowGroup];
-    for (int64_t m = 0; m < g.rows; ++m) {
-      const int64_t r = plan.row(s, pos + m);
-      place_row(g, m, r);
-      table_rows[m] = r < 0 ? nullptr : map + r * K;
-    }
-    // The table rows of the group after this one: a sorted plan reads them out of row order,
-    // and they are ready by the time it is built (one GEMM later).
-    for (int64_t m = 0; m < kRowGroup && pos + kRowGroup + m < pos1; ++m) {
-      const int64_t r = plan.row(s, pos + kRowGroup + m);
-      if (r >= 0) prefetch_lines(map + r * K + b0, span * int64_t(sizeof(int32_t)));
-    }
-    for (int64_t k0 = b0; k0 < b1; k0 += 64) {
-      const int64_t n = std::min<int64_t>(64, b1 - k0);
-      uint64_t any = 0;
-      bits_of(table_rows, g.rows, k0, n, present);
+    for (int64_t m = 0; m < g.rows; ++m) place_row(g, m, plan.row(s, pos + m));
+    const int64_t group = s * row_groups.per_split + pos / kRowGroup;
+    const int64_t t0 = row_groups.term_begin[group], t1 = row_groups.term_begin[group + 1];
+    const bool fits = 0 <= t0 && t0 <= t1 && t1 <= row_groups.terms && t1 - t0 <= span;
+    valid &= fits;
+    g.used = fits ? t1 - t0 : 0;
+    for (int64_t t = 0; t < g.used; ++t) {
+      const int64_t k = row_groups.term_offsets[t0 + t];
+      const bool inside = b0 <= k && k < b1;
+      valid &= inside;
+      g.w[t] = wp + (inside ? k : b0) * k_len * c_dst;
+      const int32_t* sources = row_groups.term_sources + (t0 + t) * kRowGroup;
+      // A select by mask, not a branch: ~1 in 6 slots is empty, in no pattern a predictor learns.
+      const T** a = g.a + t * kRowGroup;
       for (int64_t m = 0; m < g.rows; ++m) {
-        covered &= (present[m] & ~plan.mask(s, (pos + m) / plan.tile_rows)[(k0 - b0) / 64]) == 0;
-        any |= present[m];
+        const int64_t p = sources[m];
+        const bool inside_rows = static_cast<uint64_t>(p + 1) <= static_cast<uint64_t>(num_src);  // [-1, num_src)
+        valid &= inside_rows;
+        const uintptr_t use = uintptr_t(0) - uintptr_t((p >= 0) & inside_rows);
+        const uintptr_t row = zero_row ^ (((feature_base + uintptr_t(p) * row_bytes) ^ zero_row) & use);
+        a[m] = reinterpret_cast<const T*>(row);
+        prefetch_row(a[m], c_src);
       }
-      // Terms in offset order; every slot starts at the zero row, then each row fills its
-      // present ones (~5 of a group's ~7 terms on LiDAR maps): no select per (row, term).
-      const int64_t first = g.used;
-      uint8_t term_of[64];
-      for (; any != 0; any &= any - 1) {
-        const int64_t j = __builtin_ctzll(any);
-        term_of[j] = static_cast<uint8_t>(g.used - first);
-        g.w[g.used++] = wp + (k0 + j) * k_len * c_dst;
-      }
-      std::fill(g.a + first * kRowGroup, g.a + g.used * kRowGroup, zeros);
-      for (int64_t m = 0; m < g.rows; ++m)
-        for (uint64_t bits = present[m]; bits != 0; bits &= bits - 1) {
-          const int64_t j = __builtin_ctzll(bits);
-          const T* row = f + int64_t(table_rows[m][k0 + j]) * c_src;
-          g.a[(first + term_of[j]) * kRowGroup + m] = row;
-          prefetch_row(row, c_src);
-        }
     }
   };
   build(pos0, groups[0]);
@@ -131,13 +116,13 @@ bool register_rows(const KmapPlan& plan, int64_t s, int64_t pos0, int64_t pos1, 
       for (int64_t m = 0; m < g.rows; ++m) std::fill(g.out[m], g.out[m] + c_dst, 0.f);
     }
   }
-  return covered;
+  return valid;
 }
 
 // The forward by the register kernels over items of kRegisterItemRows positions of one split,
 // taken dynamically. A bfloat16 forward with one split writes its bfloat16 output directly.
 template <typename T, typename A>
-at::Tensor register_forward(const at::Tensor& feats, const A* wp, int64_t k_len, const at::Tensor& table,
+at::Tensor register_forward(const at::Tensor& feats, const A* wp, int64_t k_len, const RowGroups& row_groups,
                             int64_t num_dst, int64_t c_src, int64_t c_dst, const KmapPlan& plan) {
   const bool partial = plan.splits > 1;
   const bool narrow = std::is_same_v<T, c10::BFloat16> && !partial;
@@ -145,23 +130,21 @@ at::Tensor register_forward(const at::Tensor& feats, const A* wp, int64_t k_len,
                            : at::empty({num_dst, c_dst}, feats.options().dtype(narrow ? feats.scalar_type()
                                                                                          : at::kFloat));
   const T* f = feats.data_ptr<T>();
-  const int32_t* map = table.data_ptr<int32_t>();
-  const int64_t K = table.size(1), per_split = (plan.padded + kRegisterItemRows - 1) / kRegisterItemRows;
-  const PresentBits bits_of = present_bits_function();
-  std::atomic<bool> covered{true};
+  const int64_t num_src = feats.size(0), per_split = (plan.padded + kRegisterItemRows - 1) / kRegisterItemRows;
+  std::atomic<bool> valid{true};
   const auto run = [&](auto* o) {
     parallel_items(plan.splits * per_split, [&](int64_t item) {
       const int64_t s = item / per_split, pos0 = item % per_split * kRegisterItemRows;
-      if (!register_rows<T>(plan, s, pos0, std::min(plan.padded, pos0 + kRegisterItemRows), map, K, f, c_src, wp,
-                            k_len, c_dst, o + s * num_dst * c_dst, !partial, bits_of))
-        covered = false;
+      if (!register_rows<T>(plan, row_groups, s, pos0, std::min(plan.padded, pos0 + kRegisterItemRows), f, num_src,
+                            c_src, wp, k_len, c_dst, o + s * num_dst * c_dst, !partial))
+        valid = false;
     });
   };
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (narrow) run(out.data_ptr<c10::BFloat16>());
   }
   if (!narrow) run(out.data_ptr<float>());
-  TORCH_CHECK(covered.load(), kPlanMissesOffsets);
+  TORCH_CHECK(valid.load(), kBadRowGroups);
   if (partial) out = sum_splits<float>(out);
   return out.scalar_type() == feats.scalar_type() ? out : out.to(feats.scalar_type());
 }

@@ -4,6 +4,7 @@ from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 import torch
 
+from .. import ops
 from ..ops.validate import validate_pairs, validate_plan, validate_table
 from .dispatch import kmap_backend_for, kmap_ops
 from .geometry import ConvGeometry, Triple
@@ -95,6 +96,7 @@ class KernelMap:
         self._in_out: Optional[torch.Tensor] = None
         self._plans: Dict[Tuple[str, int, int, int], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._validated_tables: Set[str] = set()
+        self._row_groups: Dict[Tuple[str, int, int, int], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     @property
     def geometry(self) -> ConvGeometry:
@@ -219,6 +221,18 @@ class KernelMap:
                 validate_plan(table, rows, sources, *plan, tile_rows)
             self._plans[key] = plan
         return self._plans[key]
+
+    def row_groups(self, side: str, split_mask_num: int, tile_rows: int, sort_window: int = 0):
+        """Cached operands of the CPU implicit-GEMM register kernels for a plan (see
+        ops.implicit_gemm_row_groups): built by the native op whichever backend built the map,
+        since only the native CPU kernels read them."""
+        key = (side, split_mask_num, tile_rows, sort_window)
+        if key not in self._row_groups:
+            rows = self.num_out if side == "out" else self.num_in
+            self._row_groups[key] = ops.implicit_gemm_row_groups(self.table(side), rows,
+                                                                 *self.plan(side, split_mask_num, tile_rows,
+                                                                            sort_window), tile_rows)
+        return self._row_groups[key]
 
     def __repr__(self) -> str:
         g = self.geometry

@@ -6,6 +6,8 @@ from .gather_scatter import forward_fake, wgrad_fake
 from .validate import validate_plan
 
 _ops = torch.ops.torchsparse_pp
+# Rows per group of the CPU register kernels (kRowGroup in csrc/cpu/pair_gemm.h).
+ROW_GROUP_ROWS = 6
 
 
 def implicit_gemm_forward(feats: torch.Tensor, weight: torch.Tensor, table: torch.Tensor, num_dst: int,
@@ -23,6 +25,29 @@ def implicit_gemm_forward(feats: torch.Tensor, weight: torch.Tensor, table: torc
                                       tile_masks, tile_rows, allow_tf32)
 
 
+def implicit_gemm_row_groups(table: torch.Tensor, num_rows: int, bounds: torch.Tensor, order: torch.Tensor,
+                             tile_masks: torch.Tensor, tile_rows: int):
+    """``(term_begin, term_offsets, term_sources)``: the CPU register kernels' operands of a plan.
+    Per group of ROW_GROUP_ROWS consecutive positions of one split (group ``s * groups_per_split +
+    pos // ROW_GROUP_ROWS``),
+    its terms ``term_begin[g]:term_begin[g + 1]`` are the offsets that one of its rows has,
+    ascending; ``term_sources[t, m]`` is the source row that row m reads through term t (-1:
+    none). Built once per map and plan (``KernelMap.row_groups``) for implicit_gemm_forward_grouped."""
+    return _ops.implicit_gemm_row_groups(table, num_rows, bounds, order, tile_masks, tile_rows)
+
+
+def implicit_gemm_forward_grouped(feats: torch.Tensor, weight: torch.Tensor, table: torch.Tensor, num_dst: int,
+                                  transpose_weight: bool, bounds: torch.Tensor, order: torch.Tensor,
+                                  tile_masks: torch.Tensor, tile_rows: int, term_begin: torch.Tensor,
+                                  term_offsets: torch.Tensor, term_sources: torch.Tensor) -> torch.Tensor:
+    """implicit_gemm_forward on the CPU from the plan's row groups (implicit_gemm_row_groups of
+    the same table and plan) rather than the table: the same sums, bit for bit, without reading
+    the whole table on every call. The table is read only where the tile kernels run (float64,
+    CPUs without AVX2, weights with Inf / NaN); groups with terms or sources out of range raise."""
+    return _ops.implicit_gemm_forward_grouped(feats, weight, table, num_dst, transpose_weight, bounds, order,
+                                              tile_masks, tile_rows, term_begin, term_offsets, term_sources)
+
+
 def implicit_gemm_wgrad(feats: torch.Tensor, grad_out: torch.Tensor, table: torch.Tensor,
                         bounds: torch.Tensor, order: torch.Tensor, tile_masks: torch.Tensor,
                         tile_rows: int, allow_tf32: bool = False) -> torch.Tensor:
@@ -38,6 +63,19 @@ def implicit_gemm_wgrad(feats: torch.Tensor, grad_out: torch.Tensor, table: torc
 @torch.library.register_fake("torchsparse_pp::implicit_gemm_forward")
 def _forward_fake(feats, weight, table, num_dst, transpose_weight, bounds, order, tile_masks, tile_rows,
                   allow_tf32=False):
+    return forward_fake(feats, weight, num_dst, transpose_weight)
+
+
+@torch.library.register_fake("torchsparse_pp::implicit_gemm_row_groups")
+def _row_groups_fake(table, num_rows, bounds, order, tile_masks, tile_rows):
+    ctx = torch.library.get_ctx()
+    groups, terms = ctx.new_dynamic_size(), ctx.new_dynamic_size()
+    return (table.new_empty(groups, dtype=torch.int64), table.new_empty(terms), table.new_empty(terms, ROW_GROUP_ROWS))
+
+
+@torch.library.register_fake("torchsparse_pp::implicit_gemm_forward_grouped")
+def _forward_grouped_fake(feats, weight, table, num_dst, transpose_weight, bounds, order, tile_masks, tile_rows,
+                          term_begin, term_offsets, term_sources):
     return forward_fake(feats, weight, num_dst, transpose_weight)
 
 

@@ -36,20 +36,25 @@ def _plan_shape(device, backend):
 
 
 def operands(view, pass_name, config, deterministic):
-    """The table of the rows the pass walks and its plan: ``[table, bounds, order, tile_masks]``;
+    """The table of the rows the pass walks and its plan: ``[table, bounds, order, tile_masks]``,
+    on the native CPU followed by the plan's row groups ``[term_begin, term_offsets, term_sources]``;
     for the native CPU weight gradient the map's pairs ``[src, dst, offsets, identity]``."""
     if pass_name == "wgrad" and _native_cpu(view.kmap.out_in.device, config.backend):
         return fetch_on_demand.operands(view, pass_name, config, deterministic)
     rows = "src" if pass_name == "dgrad" else "dst"
     tile_rows, sort_window = _plan_shape(view.kmap.out_in.device, config.backend)
     splits = min(config.split_mask_num, view.kmap.geometry.volume)
-    return [view.table(rows), *view.kmap.plan(view.side(rows), splits, tile_rows, sort_window)]
+    plan = view.kmap.plan(view.side(rows), splits, tile_rows, sort_window)
+    if _native_cpu(view.kmap.out_in.device, config.backend):
+        # The register kernels' operands, built once per map: no forward reads the whole table.
+        return [view.table(rows), *plan, *view.kmap.row_groups(view.side(rows), splits, tile_rows, sort_window)]
+    return [view.table(rows), *plan]
 
 
 def run(pass_name, a, b, tensors, num_src, num_dst, config, deterministic, allow_tf32):
     if pass_name == "wgrad" and _native_cpu(a.device, config.backend):
         return fetch_on_demand.run(pass_name, a, b, tensors, num_src, num_dst, config, deterministic, allow_tf32)
-    table, bounds, order, tile_masks = tensors
+    table, bounds, order, tile_masks = tensors[:4]
     tile_rows = _plan_shape(a.device, config.backend)[0]
     if pass_name == "wgrad":
         if config.backend == "triton":
@@ -61,6 +66,9 @@ def run(pass_name, a, b, tensors, num_src, num_dst, config, deterministic, allow
     if config.backend == "triton":
         return triton_ops.implicit_gemm_forward(a, b, table, rows, transpose, bounds, order, tile_masks, tile_rows,
                                                 config.tile, allow_tf32)
+    if _native_cpu(a.device, config.backend):
+        return ops.implicit_gemm_forward_grouped(a, b, table, rows, transpose, bounds, order, tile_masks, tile_rows,
+                                                 *tensors[4:])
     return ops.implicit_gemm_forward(a, b, table, rows, transpose, bounds, order, tile_masks, tile_rows, allow_tf32)
 
 
