@@ -100,7 +100,7 @@ const char* const kPlanMissesOffsets =
 // A tile skips the offsets outside its mask: a mask that misses a neighbour one of its rows has
 // would drop that term silently, so every present table entry must be covered. Per row and 64
 // offsets: one word of present neighbours, which must lie within the tile's mask word. (The
-// register forward checks the same as it reads each group's bits, so it skips this scan.)
+// register forward's row groups check the same as they are built, so it skips this scan.)
 void check_plan_covers_table(const KmapPlan& plan, const at::Tensor& table) {
   const int64_t K = table.size(1);
   const int32_t* map = table.data_ptr<int32_t>();
