@@ -2,6 +2,7 @@
 // functions carry their own target attribute and run only after the CPU check.
 #include "bf16_gemm.h"
 
+#include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
@@ -139,14 +140,44 @@ TSPP_ROW_CLONES void bf16_pack_pairs(int64_t K, int64_t N, const at::BFloat16* B
   }
 }
 
+namespace {
+
+// bf16_pack_pairs of B = Bt^T, Bt [N, K] row-major: a pair of K values of column n is two
+// neighbours in Bt's row n, so packing is a transpose of 32-bit words ([N][K / 2] -> [K / 2][N]),
+// in blocks of 16 x 16 words that stay in L1 (no transposed copy of the weight first).
+TSPP_ROW_CLONES void bf16_pack_pairs_transposed(int64_t K, int64_t N, const at::BFloat16* Bt, at::BFloat16* out) {
+  const auto* bits = reinterpret_cast<const uint16_t*>(Bt);
+  auto* words = reinterpret_cast<uint32_t*>(out);
+  const int64_t pairs = (K + 1) / 2;
+  constexpr int64_t kBlock = 16;
+  for (int64_t n0 = 0; n0 < N; n0 += kBlock)
+    for (int64_t p0 = 0; p0 < pairs; p0 += kBlock)
+      for (int64_t p = p0; p < std::min(pairs, p0 + kBlock); ++p) {
+        const bool whole = 2 * p + 1 < K;
+        for (int64_t n = n0; n < std::min(N, n0 + kBlock); ++n) {
+          const uint16_t* row = bits + n * K + 2 * p;
+          words[p * N + n] = row[0] | (whole ? static_cast<uint32_t>(row[1]) << 16 : 0u);
+        }
+      }
+}
+
+}  // namespace
+
 at::Tensor bf16_packed_weight(const at::Tensor& weight, bool transpose) {
-  const auto w = (transpose ? weight.transpose(1, 2) : weight).to(at::kBFloat16).contiguous();
-  const int64_t K = w.size(0), c_src = w.size(1), c_dst = w.size(2), c_pad = bf16_pairs_len(c_src);
+  const auto w = weight.to(at::kBFloat16).contiguous();  // [K, rows, cols]: C_src = rows unless transposed
+  const int64_t K = w.size(0), rows = w.size(1), cols = w.size(2);
+  const int64_t c_src = transpose ? cols : rows, c_dst = transpose ? rows : cols, c_pad = bf16_pairs_len(c_src);
   at::Tensor packed = at::empty({K, c_pad / 2, c_dst, 2}, w.options());
   const at::BFloat16* src = w.data_ptr<at::BFloat16>();
   at::BFloat16* dst = packed.data_ptr<at::BFloat16>();
-  for (int64_t k = 0; k < K; ++k)
-    bf16_pack_pairs(c_src, c_dst, src + k * c_src * c_dst, c_dst, dst + k * c_pad * c_dst);
+  // Offsets in parallel once there are ~64K values to pack (a 128 x 128 weight's 27 offsets).
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, rows * cols));
+  at::parallel_for(0, K, grain, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      if (transpose) bf16_pack_pairs_transposed(c_src, c_dst, src + k * rows * cols, dst + k * c_pad * c_dst);
+      else bf16_pack_pairs(c_src, c_dst, src + k * rows * cols, c_dst, dst + k * c_pad * c_dst);
+    }
+  });
   return packed;
 }
 
