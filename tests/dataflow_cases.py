@@ -162,6 +162,8 @@ EDGE_CASES = {
     "channels_1_to_33_subm_k3": (dict(kernel_size=3), lambda g: lidar_scene(0), 1, 33),
     "channels_33_to_1_k2s2": (dict(kernel_size=2, stride=2), lambda g: lidar_scene(1), 33, 1),
     "channels_33_to_33_subm_k5": (dict(kernel_size=5), lambda g: random_coords(g, 60, batch=1), 33, 33),
+    # More than two column blocks of 64 in the register kernels, both ways (forward 200, dgrad 150).
+    "channels_150_to_200_subm_k3": (dict(kernel_size=3), lambda g: random_coords(g, 60, batch=1), 150, 200),
     "kernel_211_subm": (dict(kernel_size=(2, 1, 1)), lambda g: random_coords(g, 300, batch=2, low=-4, high=6), 6, 5),
     "kernel_211_stride_211": (dict(kernel_size=(2, 1, 1), stride=(2, 1, 1)), lambda g: lidar_scene(2), 6, 5),
     "kernel_1_stride_2": (dict(kernel_size=1, stride=2), lambda g: lidar_scene(3), 6, 5),

@@ -24,7 +24,8 @@ configs = [ConvConfig("fetch_on_demand"), ConvConfig("implicit_gemm", sorted=Tru
            ConvConfig("implicit_gemm", sorted=False, split_mask_num=0), ConvConfig("gather_scatter")]
 out = {{}}
 for dtype in (torch.float32, torch.bfloat16):
-    for c_in, c_out in ((5, 7), (12, 20), (19, 70), (40, 33)):  # odd K (bf16 pairs), narrow W, > 64 columns, 3-vector blocks
+    # odd K (bf16 pairs), narrow W, > 64 columns, 3-vector blocks, > 128 columns
+    for c_in, c_out in ((5, 7), (12, 20), (19, 70), (40, 33), (70, 150)):
         f0 = torch.randn(len(coords), c_in, generator=g)
         w0 = torch.randn(27, c_in, c_out, generator=g) / 4
         g0 = torch.randn(len(coords), c_out, generator=g)

@@ -265,37 +265,64 @@ TSPP_AVX512_TARGET int64_t pair_rows_f32(int64_t count, const int32_t* src, cons
   TSPP_PAIR_ROWS_LOOP((kernel_f32_body<kRowGroup, NV>(1, a, K, w, N, o, tail, accumulate)))
 }
 
-// 65 to 128 columns: a group's two column blocks (64, then NV vectors) back to back in the loop,
-// its rows still in L1 for the second.
+// More than 64 columns: a group's `full` column blocks of 64, then the last of NV vectors, back
+// to back in the loop (its rows still in L1 for the next block). w[b] is block b's weight.
+template <int NV>
+TSPP_AVX512_BF16_TARGET inline __attribute__((always_inline)) void bf16_column_blocks(
+    const c10::BFloat16* const* a, int64_t K, const c10::BFloat16* const* w, int64_t full, int64_t N,
+    float* (&o)[kRowGroup], __mmask16 tail, bool accumulate) {
+  for (int64_t b = 0; b < full; ++b) {
+    kernel_bf16_body<kRowGroup, 4, float>(1, a, K, w + b, N, o, 0xFFFF, accumulate);
+    shift_rows(o, 64);
+  }
+  kernel_bf16_body<kRowGroup, NV, float>(1, a, K, w + full, N, o, tail, accumulate);
+}
+
+template <int NV>
+TSPP_AVX512_TARGET inline __attribute__((always_inline)) void f32_column_blocks(
+    const float* const* a, int64_t K, const float* const* w, int64_t full, int64_t N, float* (&o)[kRowGroup],
+    __mmask16 tail, bool accumulate) {
+  for (int64_t b = 0; b < full; ++b) {
+    kernel_f32_body<kRowGroup, 4>(1, a, K, w + b, N, o, 0xFFFF, accumulate);
+    shift_rows(o, 64);
+  }
+  kernel_f32_body<kRowGroup, NV>(1, a, K, w + full, N, o, tail, accumulate);
+}
+
+// Column blocks a group runs back to back in pair_rows: up to kMaxPairRowsColumns columns.
+constexpr int64_t kMaxColumnBlocks = 8;
+constexpr int64_t kMaxPairRowsColumns = 64 * kMaxColumnBlocks;
+
 template <int NV>
 TSPP_AVX512_BF16_TARGET int64_t pair_rows_bf16_wide(int64_t count, const int32_t* src, const int32_t* dst,
                                                     const c10::BFloat16* feats, int64_t ldf, int64_t K,
                                                     const c10::BFloat16* W, int64_t N, float* out, int64_t ldo,
                                                     __mmask16 tail, bool accumulate) {
-  const c10::BFloat16* w[2] = {W, W + 2 * 64};
-  TSPP_PAIR_ROWS_LOOP((kernel_bf16_body<kRowGroup, 4, float>(1, a, K, w, N, o, 0xFFFF, accumulate),
-                       shift_rows(o, 64),
-                       kernel_bf16_body<kRowGroup, NV, float>(1, a, K, w + 1, N, o, tail, accumulate)))
+  const int64_t full = (N - 1) / 64;
+  const c10::BFloat16* w[kMaxColumnBlocks];
+  for (int64_t b = 0; b <= full; ++b) w[b] = W + 2 * 64 * b;  // packed pairs: column n at 2 n
+  TSPP_PAIR_ROWS_LOOP((bf16_column_blocks<NV>(a, K, w, full, N, o, tail, accumulate)))
 }
 
 template <int NV>
 TSPP_AVX512_TARGET int64_t pair_rows_f32_wide(int64_t count, const int32_t* src, const int32_t* dst,
                                               const float* feats, int64_t ldf, int64_t K, const float* W, int64_t N,
                                               float* out, int64_t ldo, __mmask16 tail, bool accumulate) {
-  const float* w[2] = {W, W + 64};
-  TSPP_PAIR_ROWS_LOOP((kernel_f32_body<kRowGroup, 4>(1, a, K, w, N, o, 0xFFFF, accumulate), shift_rows(o, 64),
-                       kernel_f32_body<kRowGroup, NV>(1, a, K, w + 1, N, o, tail, accumulate)))
+  const int64_t full = (N - 1) / 64;
+  const float* w[kMaxColumnBlocks];
+  for (int64_t b = 0; b <= full; ++b) w[b] = W + 64 * b;
+  TSPP_PAIR_ROWS_LOOP((f32_column_blocks<NV>(a, K, w, full, N, o, tail, accumulate)))
 }
 #undef TSPP_PAIR_ROWS_LOOP
 
-// pair_rows_*<NV> for N <= 64 columns, pair_rows_*_wide<NV> for N <= 128.
+// pair_rows_*<NV> for N <= 64 columns, pair_rows_*_wide<NV> for N <= kMaxPairRowsColumns.
 template <typename T>
 int64_t pair_rows(int64_t count, const int32_t* src, const int32_t* dst, const T* feats, int64_t ldf, int64_t K,
                   const T* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
   int64_t done = 0;
-  // One block: all N columns, or with N > 64 the columns after the first 64 (the wide loop runs
-  // the first block with them).
-  for_column_blocks(N > 64 ? N - 64 : N, [&](int64_t, auto nv, __mmask16 tail) {
+  // One block: all N columns, or with N > 64 the columns after the whole blocks of 64 (the wide
+  // loop runs those first).
+  for_column_blocks(N - (N - 1) / 64 * 64, [&](int64_t, auto nv, __mmask16 tail) {
     constexpr int kNv = decltype(nv)::value;
     if constexpr (std::is_same_v<T, float>)
       done = N > 64 ? pair_rows_f32_wide<kNv>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate)
@@ -433,7 +460,8 @@ void pair_gemm_impl(int64_t count, const int32_t* src, const int32_t* dst, const
   const T* a[kRows];
   float* o[kRows];
   const T* w[1] = {W};
-  const int64_t start = N <= 128 ? pair_rows(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate) : 0;
+  const int64_t start =
+      N <= kMaxPairRowsColumns ? pair_rows(count, src, dst, feats, ldf, K, W, N, out, ldo, accumulate) : 0;
   for (int64_t i0 = start; i0 < count; i0 += kRows) {
     const int64_t rows = std::min(kRows, count - i0);
     if (i0 + kRows < count)
