@@ -27,12 +27,12 @@ def implicit_gemm_forward(feats: torch.Tensor, weight: torch.Tensor, table: torc
 
 def implicit_gemm_row_groups(table: torch.Tensor, num_rows: int, bounds: torch.Tensor, order: torch.Tensor,
                              tile_masks: torch.Tensor, tile_rows: int):
-    """``(term_begin, term_offsets, term_sources)``: the CPU register kernels' operands of a plan.
-    Per group of ROW_GROUP_ROWS consecutive positions of one split (group ``s * groups_per_split +
-    pos // ROW_GROUP_ROWS``),
-    its terms ``term_begin[g]:term_begin[g + 1]`` are the offsets that one of its rows has,
-    ascending; ``term_sources[t, m]`` is the source row that row m reads through term t (-1:
-    none). Built once per map and plan (``KernelMap.row_groups``) for implicit_gemm_forward_grouped."""
+    """``(term_begin, term_offsets, term_sources)``: the CPU register kernels' operands of a plan
+    of a CPU table. Per group of ROW_GROUP_ROWS consecutive positions of one split (group
+    ``s * groups_per_split + pos // ROW_GROUP_ROWS``), its terms ``term_begin[g]:term_begin[g + 1]``
+    are the offsets that one of its rows has, ascending; ``term_sources[t, m]`` is the source row
+    that row m reads through term t (-1: none). Built once per map and plan
+    (``KernelMap.row_groups``) for implicit_gemm_forward_grouped."""
     return _ops.implicit_gemm_row_groups(table, num_rows, bounds, order, tile_masks, tile_rows)
 
 
