@@ -227,9 +227,9 @@ inline void shift_rows(float* (&rows)[kRowGroup], int64_t by) {
   for (auto& r : rows) r += by;
 }
 
-// One call's pairs in whole groups of kRowGroup rows for N <= 64 (one column block), the
-// kernel inlined into the loop: per group no call chain (columns -> group -> kernel) and no
-// column dispatch, ~15 % of a 48-wide bf16 layer's time before. Returns the pairs done; a
+// One call's pairs in whole groups of kRowGroup rows, the kernel inlined into the loop (each
+// group's column blocks back to back): per group no call chain (columns -> group -> kernel) and
+// no column dispatch, ~15 % of a 48-wide bf16 layer's time before. Returns the pairs done; a
 // partial last group is left to the caller. One loop for both element types, each instance
 // compiled for its kernel's instruction set.
 #define TSPP_PAIR_ROWS_LOOP(KERNEL)                                                              \
@@ -248,25 +248,8 @@ inline void shift_rows(float* (&rows)[kRowGroup], int64_t by) {
   }                                                                                               \
   return i0;
 
-template <int NV>
-TSPP_AVX512_BF16_TARGET int64_t pair_rows_bf16(int64_t count, const int32_t* src, const int32_t* dst,
-                                               const c10::BFloat16* feats, int64_t ldf, int64_t K,
-                                               const c10::BFloat16* W, int64_t N, float* out, int64_t ldo,
-                                               __mmask16 tail, bool accumulate) {
-  const c10::BFloat16* w[1] = {W};
-  TSPP_PAIR_ROWS_LOOP((kernel_bf16_body<kRowGroup, NV, float>(1, a, K, w, N, o, tail, accumulate)))
-}
-
-template <int NV>
-TSPP_AVX512_TARGET int64_t pair_rows_f32(int64_t count, const int32_t* src, const int32_t* dst, const float* feats,
-                                         int64_t ldf, int64_t K, const float* W, int64_t N, float* out, int64_t ldo,
-                                         __mmask16 tail, bool accumulate) {
-  const float* w[1] = {W};
-  TSPP_PAIR_ROWS_LOOP((kernel_f32_body<kRowGroup, NV>(1, a, K, w, N, o, tail, accumulate)))
-}
-
-// More than 64 columns: a group's `full` column blocks of 64, then the last of NV vectors, back
-// to back in the loop (its rows still in L1 for the next block). w[b] is block b's weight.
+// A group's `full` column blocks of 64 (none for N <= 64), then the last of NV vectors, back to
+// back in the loop (its rows still in L1 for the next block). w[b] is block b's weight.
 template <int NV>
 TSPP_AVX512_BF16_TARGET inline __attribute__((always_inline)) void bf16_column_blocks(
     const c10::BFloat16* const* a, int64_t K, const c10::BFloat16* const* w, int64_t full, int64_t N,
@@ -294,10 +277,10 @@ constexpr int64_t kMaxColumnBlocks = 8;
 constexpr int64_t kMaxPairRowsColumns = 64 * kMaxColumnBlocks;
 
 template <int NV>
-TSPP_AVX512_BF16_TARGET int64_t pair_rows_bf16_wide(int64_t count, const int32_t* src, const int32_t* dst,
-                                                    const c10::BFloat16* feats, int64_t ldf, int64_t K,
-                                                    const c10::BFloat16* W, int64_t N, float* out, int64_t ldo,
-                                                    __mmask16 tail, bool accumulate) {
+TSPP_AVX512_BF16_TARGET int64_t pair_rows_bf16(int64_t count, const int32_t* src, const int32_t* dst,
+                                               const c10::BFloat16* feats, int64_t ldf, int64_t K,
+                                               const c10::BFloat16* W, int64_t N, float* out, int64_t ldo,
+                                               __mmask16 tail, bool accumulate) {
   const int64_t full = (N - 1) / 64;
   const c10::BFloat16* w[kMaxColumnBlocks];
   for (int64_t b = 0; b <= full; ++b) w[b] = W + 2 * 64 * b;  // packed pairs: column n at 2 n
@@ -305,9 +288,9 @@ TSPP_AVX512_BF16_TARGET int64_t pair_rows_bf16_wide(int64_t count, const int32_t
 }
 
 template <int NV>
-TSPP_AVX512_TARGET int64_t pair_rows_f32_wide(int64_t count, const int32_t* src, const int32_t* dst,
-                                              const float* feats, int64_t ldf, int64_t K, const float* W, int64_t N,
-                                              float* out, int64_t ldo, __mmask16 tail, bool accumulate) {
+TSPP_AVX512_TARGET int64_t pair_rows_f32(int64_t count, const int32_t* src, const int32_t* dst, const float* feats,
+                                         int64_t ldf, int64_t K, const float* W, int64_t N, float* out, int64_t ldo,
+                                         __mmask16 tail, bool accumulate) {
   const int64_t full = (N - 1) / 64;
   const float* w[kMaxColumnBlocks];
   for (int64_t b = 0; b <= full; ++b) w[b] = W + 64 * b;
@@ -315,21 +298,19 @@ TSPP_AVX512_TARGET int64_t pair_rows_f32_wide(int64_t count, const int32_t* src,
 }
 #undef TSPP_PAIR_ROWS_LOOP
 
-// pair_rows_*<NV> for N <= 64 columns, pair_rows_*_wide<NV> for N <= kMaxPairRowsColumns.
+// pair_rows_*<NV> for N <= kMaxPairRowsColumns, NV the vectors of the last column block.
 template <typename T>
 int64_t pair_rows(int64_t count, const int32_t* src, const int32_t* dst, const T* feats, int64_t ldf, int64_t K,
                   const T* W, int64_t N, float* out, int64_t ldo, bool accumulate) {
   int64_t done = 0;
-  // One block: all N columns, or with N > 64 the columns after the whole blocks of 64 (the wide
-  // loop runs those first).
+  // One block: the columns after the whole blocks of 64 (the loop runs those first), all N when
+  // N <= 64.
   for_column_blocks(N - (N - 1) / 64 * 64, [&](int64_t, auto nv, __mmask16 tail) {
     constexpr int kNv = decltype(nv)::value;
     if constexpr (std::is_same_v<T, float>)
-      done = N > 64 ? pair_rows_f32_wide<kNv>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate)
-                    : pair_rows_f32<kNv>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate);
+      done = pair_rows_f32<kNv>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate);
     else
-      done = N > 64 ? pair_rows_bf16_wide<kNv>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate)
-                    : pair_rows_bf16<kNv>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate);
+      done = pair_rows_bf16<kNv>(count, src, dst, feats, ldf, K, W, N, out, ldo, tail, accumulate);
   });
   return done;
 }
