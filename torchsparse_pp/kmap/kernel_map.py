@@ -198,6 +198,10 @@ class KernelMap:
                             self._ops.kmap_transpose(self.out_in, self.num_out, self.num_in, OUT_IN_ROW_PADDING))
         return self._in_out
 
+    def _rows_and_sources(self, side: str) -> Tuple[int, int]:
+        """(rows, source rows) of the table of ``side``: outputs and inputs for 'out'."""
+        return (self.num_out, self.num_in) if side == "out" else (self.num_in, self.num_out)
+
     def table(self, side: str) -> torch.Tensor:
         """``out_in`` (rows are outputs, side 'out') or ``in_out`` (rows are inputs, side 'in')."""
         if side not in ("out", "in"):
@@ -205,8 +209,7 @@ class KernelMap:
         table = self.out_in if side == "out" else self.in_out
         if side not in self._validated_tables:
             if validates_views(table.device):
-                rows, sources = (self.num_out, self.num_in) if side == "out" else (self.num_in, self.num_out)
-                validate_table(table, rows, sources)
+                validate_table(table, *self._rows_and_sources(side))
             self._validated_tables.add(side)
         return table
 
@@ -214,7 +217,7 @@ class KernelMap:
         """Cached implicit-GEMM plan ``(bounds, order, tile_masks)`` of one table (see kmap_plan)."""
         key = (side, split_mask_num, tile_rows, sort_window)
         if key not in self._plans:
-            rows, sources = (self.num_out, self.num_in) if side == "out" else (self.num_in, self.num_out)
+            rows, sources = self._rows_and_sources(side)
             table = self.table(side)
             plan = self._ops.kmap_plan(table, rows, split_mask_num, tile_rows, sort_window)
             if validates_views(table.device):
@@ -228,7 +231,7 @@ class KernelMap:
         since only the native CPU kernels read them."""
         key = (side, split_mask_num, tile_rows, sort_window)
         if key not in self._row_groups:
-            rows = self.num_out if side == "out" else self.num_in
+            rows = self._rows_and_sources(side)[0]
             self._row_groups[key] = ops.implicit_gemm_row_groups(self.table(side), rows,
                                                                  *self.plan(side, split_mask_num, tile_rows,
                                                                             sort_window), tile_rows)
