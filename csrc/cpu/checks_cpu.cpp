@@ -209,7 +209,7 @@ void require_pairs_sorted_by_dst(bool ascending) {
               "(unique, ascending), as kmap_pairs returns them");
 }
 
-void check_table(const at::Tensor& table, int64_t num_rows, int64_t K, int64_t num_src) {
+void check_table_layout(const at::Tensor& table, int64_t num_rows, int64_t K) {
   TORCH_CHECK(table.scalar_type() == at::kInt && table.dim() == 2 && table.size(1) == K &&
                   table.is_contiguous() && table.device().is_cpu(),
               "the map must be a contiguous int32 [rows, K = ", K, "] CPU tensor, got ",
@@ -217,6 +217,10 @@ void check_table(const at::Tensor& table, int64_t num_rows, int64_t K, int64_t n
   TORCH_CHECK(num_rows >= 0 && num_rows <= table.size(0), "num rows (", num_rows,
               ") must be in [0, ", table.size(0), "]");
   check_rows(num_rows, "the map (num rows)");
+}
+
+void check_table(const at::Tensor& table, int64_t num_rows, int64_t K, int64_t num_src) {
+  check_table_layout(table, num_rows, K);
   check_rows(num_src, "the map's source (num_src)");
   TORCH_CHECK(all_in_range(table.narrow(0, 0, num_rows), -1, num_src),
               "the map holds a row index outside [-1, ", num_src, ")");

@@ -32,6 +32,8 @@ void require_pairs_sorted_by_dst(bool ascending);
 
 // Output-stationary table [rows >= num_rows, K] with entries in [-1, num_src).
 void check_table(const at::Tensor& table, int64_t num_rows, int64_t K, int64_t num_src);
+// Its layout alone (dtype, shape, device, num_rows), for readers that range-check entries as they use them.
+void check_table_layout(const at::Tensor& table, int64_t num_rows, int64_t K);
 
 // Memory this process may still use: MemAvailable (/proc/meminfo), capped by the cgroup's
 // limit and by TSPP_MEMORY_LIMIT_BYTES when set (a byte count; a test hook, documented in

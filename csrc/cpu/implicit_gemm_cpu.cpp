@@ -226,9 +226,7 @@ at::Tensor implicit_gemm_forward_grouped_cpu(const at::Tensor& feats_in, const a
                                              const at::Tensor& term_sources) {
   check_feats(feats_in, "feats");
   check_weight(weight, feats_in, transpose_weight);
-  check_rows(num_dst, "num_dst");
-  TORCH_CHECK(table.dim() == 2 && num_dst >= 0 && num_dst <= table.size(0),
-              "the map must be [rows >= num_dst, K] with num_dst = ", num_dst, ", got ", table.sizes());
+  check_table_layout(table, num_dst, weight.size(0));  // its entries: read (and checked) by the tile path only
   const auto plan = make_kmap_plan(bounds, order, tile_masks, weight.size(0), num_dst, tile_rows);
   const RowGroupTensors groups{term_begin, term_offsets, term_sources};
   const auto feats = feats_in.contiguous();

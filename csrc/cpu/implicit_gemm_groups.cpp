@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <atomic>
 
-#include "kmap_common.h"
+#include "checks_cpu.h"
 
 namespace torchsparse_pp {
 
@@ -127,12 +127,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> implicit_gemm_row_groups_cpu(cons
                                                                             const at::Tensor& order,
                                                                             const at::Tensor& tile_masks,
                                                                             int64_t tile_rows) {
-  TORCH_CHECK(table.scalar_type() == at::kInt && table.dim() == 2 && table.is_contiguous() && table.device().is_cpu(),
-              "the map must be a contiguous int32 [rows, K] CPU tensor, got ", table.scalar_type(), " ",
-              table.sizes());
-  TORCH_CHECK(num_rows >= 0 && num_rows <= table.size(0), "num rows (", num_rows, ") must be in [0, ", table.size(0),
-              "]");
-  check_rows(num_rows, "the map (num rows)");
+  TORCH_CHECK(table.dim() == 2, "the map must be [rows, K], got ", table.sizes());
+  check_table_layout(table, num_rows, table.size(1));  // entries are range-checked where the forward reads them
   const auto plan = make_kmap_plan(bounds, order, tile_masks, table.size(1), num_rows, tile_rows);
   return build_row_groups(plan, table);
 }
