@@ -1,7 +1,9 @@
 """Shared fixtures and input generators for the test suite."""
 import os
+import random
 import sys
 
+import hypothesis
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,12 @@ sys.path.insert(0, os.path.dirname(__file__))  # so tests can `import oracle`
 # the variable when a kernel is defined, so it is set here, before any test imports them.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    try:
+        from triton_interpreter import round_bfloat16_to_nearest
+        round_bfloat16_to_nearest()  # as GPUs round (tests/triton_interpreter.py)
+    except ImportError:  # no triton: its tests skip
+        pass
 
 
 def random_coords(generator: torch.Generator, num: int, batch: int = 1, low: int = -4, high: int = 8) -> torch.Tensor:
@@ -58,11 +66,101 @@ def lidar_coords(seed: int, batch: int = 1, voxel: float = 0.2, box: int = 14, b
     return torch.cat(rows)
 
 
+# Every test gets one seed, drawn afresh (or TSPP_TEST_SEED to replay one): the global torch /
+# numpy / random generators and hypothesis start from it, and fresh_seed() returns it. A fixture
+# of wider scope that calls fresh_seed() draws its own (TSPP_FIXTURE_SEEDS=name:seed,... replays
+# it), since it is shared by tests with other seeds. A failure prints the command that replays it.
+_TEST = {"item": None, "seed": None, "fixture": None}
+_FIXTURE_SEEDS = {}
+
+
+def _draw(replay=None) -> int:
+    if replay is None:
+        replay = os.environ.get("TSPP_TEST_SEED")
+    return int(replay) if replay is not None else int.from_bytes(os.urandom(4), "little")
+
+
+def _replayed_fixture_seeds() -> dict:
+    pairs = [p.split(":") for p in os.environ.get("TSPP_FIXTURE_SEEDS", "").split(",") if p]
+    return {name: value for name, value in pairs}
+
+
 def fresh_seed() -> int:
-    """A fresh seed per call; set TSPP_TEST_SEED to replay one. Printed, so a failure shows it."""
-    value = int(os.environ.get("TSPP_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
-    print(f"TSPP_TEST_SEED={value}")
-    return value
+    """This test's seed (the same value on every call within a test, so a replay is exact); in a
+    fixture of module or session scope, that fixture's own seed. Printed, so a failure shows it."""
+    fixture = _TEST["fixture"]
+    if fixture is not None:
+        if fixture not in _FIXTURE_SEEDS:
+            _FIXTURE_SEEDS[fixture] = _draw(_replayed_fixture_seeds().get(fixture))
+        value = _FIXTURE_SEEDS[fixture]
+        print(f"fixture {fixture}: TSPP_TEST_SEED={value}")
+        return value
+    if _TEST["seed"] is None:  # outside a test (module import, collection)
+        return _draw()
+    item = _TEST["item"]
+    if item is not None and ("tspp_seed_used", True) not in item.user_properties:
+        item.user_properties.append(("tspp_seed_used", True))
+    print(f"TSPP_TEST_SEED={_TEST['seed']}")
+    return _TEST["seed"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    seed = _draw()
+    _TEST.update(item=item, seed=seed)
+    item.user_properties.append(("tspp_seed", seed))
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2 ** 32)
+    random.seed(seed)
+    function = getattr(item, "function", None)
+    if getattr(function, "is_hypothesis_test", False):
+        hypothesis.seed(seed)(function)
+        item.user_properties.append(("tspp_seed_used", True))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """fresh_seed() inside a module- or session-scoped fixture gives that fixture's own seed."""
+    outer = _TEST["fixture"]
+    if fixturedef.scope != "function":
+        _TEST["fixture"] = fixturedef.argname
+        _FIXTURE_SEEDS.pop(fixturedef.argname, None)  # a new instance (or another module's namesake)
+    try:
+        yield
+    finally:
+        _TEST["fixture"] = outer
+
+
+def rerun_command(nodeid: str, properties: dict) -> str:
+    """The one line that replays a test with the seeds it ran with."""
+    env = f"TSPP_TEST_SEED={properties['tspp_seed']}"
+    if properties.get("tspp_fixture_seeds"):
+        env += f" TSPP_FIXTURE_SEEDS={properties['tspp_fixture_seeds']}"
+    return f"{env} python -m pytest -q '{nodeid}'"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    if call.when == "setup":
+        shared = [f"{name}:{_FIXTURE_SEEDS[name]}" for name in item.fixturenames if name in _FIXTURE_SEEDS]
+        if shared:
+            item.user_properties.append(("tspp_fixture_seeds", ",".join(shared)))
+    report = (yield).get_result()
+    properties = dict(report.user_properties)
+    if report.failed and "tspp_seed" in properties:
+        report.sections.append(("rerun with the same seeds", rerun_command(report.nodeid, properties)))
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = []
+    for report in terminalreporter.stats.get("failed", []) + terminalreporter.stats.get("error", []):
+        properties = dict(getattr(report, "user_properties", ()))
+        if "tspp_seed" in properties:
+            lines.append(rerun_command(report.nodeid, properties))
+    if lines:
+        terminalreporter.section("rerun each failure with its seeds")
+        for line in dict.fromkeys(lines):
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture

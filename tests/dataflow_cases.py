@@ -11,12 +11,13 @@ import functools
 import torch
 
 import torchsparse_pp as tsp
-from torchsparse_pp.nn.functional import conv3d
+from torchsparse_pp.nn.functional import ConvConfig, PassConfigs, conv3d
 from conftest import lidar_coords, random_coords, triple
-from oracle import reference_conv, reference_output_coords
+from oracle import reference_conv, reference_conv_by_offset, reference_output_coords
+from precision import assert_as_accurate_as_plain
 
 TOLERANCE = 1e-5
-BF16_TOLERANCE = 1e-2
+FLOAT64_TOLERANCE = 1e-12
 
 # Geometry: conv3d keyword arguments plus how the input is made.
 #   transposed_from: the strided conv whose coarse output is the transposed conv's input;
@@ -98,12 +99,13 @@ def run_ours(x: tsp.SparseTensor, weight: torch.Tensor, geom: dict, config, grad
 
 
 def run_oracle(x: tsp.SparseTensor, weight: torch.Tensor, out_coords: torch.Tensor, geom: dict,
-               grad: torch.Tensor):
-    """Float64 dense reference (forward, dgrad, wgrad) and the same over absolute values."""
+               grad: torch.Tensor, magnitudes: bool = True):
+    """Float64 dense reference (forward, dgrad, wgrad) and (with ``magnitudes``) the same over
+    absolute values."""
     args = (geom["kernel_size"], geom.get("stride", 1), geom.get("dilation", 1), resolved_padding(geom))
     transposed = geom.get("transposed", False)
     results = []
-    for absolute in (False, True):
+    for absolute in (False, True)[:2 if magnitudes else 1]:
         f = x.F.detach().double()
         w = weight.detach().double()
         g = grad.double()
@@ -117,6 +119,57 @@ def run_oracle(x: tsp.SparseTensor, weight: torch.Tensor, out_coords: torch.Tens
     return results
 
 
+def oracle_by_offset(x: tsp.SparseTensor, weight: torch.Tensor, out_coords: torch.Tensor, geom: dict,
+                     grad: torch.Tensor, dtype: torch.dtype):
+    """Forward and dgrad as GEMMs in ``dtype``, one per offset, give them: the sum of each
+    offset's exact product rounded to ``dtype``, then rounded."""
+    K, c_in = weight.shape[:2]
+    args = (geom["kernel_size"], geom.get("stride", 1), geom.get("dilation", 1), resolved_padding(geom))
+    feats = x.F.detach().double().repeat(1, K).requires_grad_(True)
+    parts = reference_conv_by_offset(x.C, feats, weight.detach().double(), out_coords, *args,
+                                     transposed=geom.get("transposed", False))
+    parts.backward(grad.double().expand(K, *grad.shape))
+    dfeats = feats.grad.reshape(len(feats), K, c_in).permute(1, 0, 2)
+    rounded = lambda v: v.to(dtype).double().sum(0).to(dtype)  # noqa: E731
+    return rounded(parts.detach()), rounded(dfeats)
+
+
+def _pass_dataflows(config) -> dict:
+    if isinstance(config, PassConfigs):
+        return {"forward": config.forward.dataflow, "dgrad": config.dgrad.dataflow, "wgrad": config.wgrad.dataflow}
+    return dict.fromkeys(("forward", "dgrad", "wgrad"), config.dataflow)
+
+
+def reduced_precision_errors(x, weight, geom, config, y, dfeats, dweight, grad, what: str) -> dict:
+    """Our forward, dgrad and wgrad in a reduced precision against the float64 oracle, held to the
+    plain computation's error (precision.assert_as_accurate_as_plain): the float64 result rounded
+    once to the dtype, except gather_scatter's forward and dgrad, whose plain way rounds each
+    offset's GEMM (oracle_by_offset). A weight gradient's offsets are its own outputs."""
+    names = ("forward", "dgrad", "wgrad")
+    ours = dict(zip(names, (y.F, dfeats, dweight)))
+    exact = dict(zip(names, run_oracle(x, weight, y.C, geom, grad, magnitudes=False)[0]))
+    plain = {k: v.to(y.F.dtype) for k, v in exact.items()}
+    by_offset = [k for k, flow in _pass_dataflows(config).items() if flow == "gather_scatter" and k != "wgrad"]
+    if by_offset:
+        plain.update((k, v) for k, v in zip(("forward", "dgrad"), oracle_by_offset(x, weight, y.C, geom, grad, y.F.dtype))
+                     if k in by_offset)
+    return assert_as_accurate_as_plain(ours, plain, exact, what=what)
+
+
+def check_against_oracle(x, weight, geom, config, y, dfeats, dweight, grad, what: str = "") -> dict:
+    """Our results against the float64 oracle in the precision they were computed in: float16 /
+    bfloat16 by the plain-computation rule (reduced_precision_errors), float32 (TF32 included:
+    the interpreter computes its dots in float32) and float64 norm-wise relative to the same sums
+    over absolute values, within TOLERANCE / FLOAT64_TOLERANCE."""
+    if y.F.dtype in (torch.float16, torch.bfloat16):
+        return reduced_precision_errors(x, weight, geom, config, y, dfeats, dweight, grad, what)
+    (ref, ref_df, ref_dw), (mag, mag_df, mag_dw) = run_oracle(x, weight, y.C, geom, grad)
+    errors = {"forward": rel_to(y.F, ref, mag), "dgrad": rel_to(dfeats, ref_df, mag_df),
+              "wgrad": rel_to(dweight, ref_dw, mag_dw)}
+    assert_small(errors, FLOAT64_TOLERANCE if y.F.dtype == torch.float64 else TOLERANCE)
+    return errors
+
+
 def oracle_errors(x, weight, geom, config, gen) -> dict:
     grad_seed = int(torch.randint(0, 2 ** 31, (1,), generator=gen))
     y, dfeats, dweight, grad = run_ours(x, weight, geom, config, grad_seed)
@@ -128,6 +181,15 @@ def oracle_errors(x, weight, geom, config, gen) -> dict:
 def assert_small(errors: dict, tolerance: float = TOLERANCE):
     bad = {k: v for k, v in errors.items() if not v < tolerance}
     assert not bad, f"relative errors above {tolerance}: {bad} (all: {errors})"
+
+
+def library_abs_sums(x, weight, geom, grad):
+    """The conv's sums over absolute values (|feats|, |W|, |grad|), by the library in float64."""
+    f = x.F.detach().double().abs().requires_grad_(True)
+    w = weight.detach().double().abs().requires_grad_(True)
+    y = conv3d(x.replace_feats(f), w, config=ConvConfig(), **conv_kwargs(geom))
+    y.F.backward(grad.double().abs())
+    return y.F.detach(), f.grad, w.grad
 
 
 def check_output_coords(x: tsp.SparseTensor, y: tsp.SparseTensor, geom: dict):

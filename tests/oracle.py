@@ -95,18 +95,43 @@ def reference_conv(in_coords: torch.Tensor, feats: torch.Tensor, weight: torch.T
         # An empty sum: zeros, still connected to the graph so gradients (zeros) flow.
         anchor = feats.sum() * 0 + weight.sum() * 0
         return anchor + feats.new_zeros(out_coords.shape[0], weight.shape[2])
+    w = dense_weight(weight, kernel_size, transposed)
+    return _dense_conv(in_coords, feats, w, out_coords, kernel_size, stride, dilation, padding, transposed, 1)
+
+
+def reference_conv_by_offset(in_coords: torch.Tensor, feats: torch.Tensor, weight: torch.Tensor,
+                             out_coords: torch.Tensor, kernel_size, stride=1, dilation=1, padding=0,
+                             transposed: bool = False) -> torch.Tensor:
+    """Each offset's part of reference_conv, ``[K, N_out, C_out]`` (their sum over K is
+    reference_conv): one grouped dense conv whose group k sees the input through offset k's
+    weight alone. Differentiable in ``feats`` (and so gives each offset's part of the input
+    gradient too, as the gradient of a feats.repeat(1, K) leaf)."""
+    K, c_in, c_out = weight.shape
+    if in_coords.shape[0] == 0 or out_coords.shape[0] == 0:
+        return feats.sum() * 0 + feats.new_zeros(K, out_coords.shape[0], c_out)
+    groups = []
+    for k in range(K):
+        only_k = torch.zeros_like(weight)
+        only_k[k] = weight[k]
+        groups.append(dense_weight(only_k, kernel_size, transposed))
+    w = torch.cat(groups, 0)  # conv3d: [K C_out, C_in, ...]; conv_transpose3d: [K C_in, C_out, ...]
+    x = feats if feats.shape[1] == K * c_in else feats.repeat(1, K)
+    out = _dense_conv(in_coords, x, w, out_coords, kernel_size, stride, dilation, padding, transposed, K)
+    return out.reshape(out.shape[0], K, c_out).permute(1, 0, 2)
+
+
+def _dense_conv(in_coords, feats, w, out_coords, kernel_size, stride, dilation, padding, transposed, groups):
     fine, coarse = (out_coords, in_coords) if transposed else (in_coords, out_coords)
     flo, fhi = _bounds(fine)
     clo, chi = _bounds(coarse)
     frame = Frame(flo, fhi, clo, chi, kernel_size, stride, dilation, padding)
     batch = int(max(in_coords[:, 0].max(), out_coords[:, 0].max())) + 1
-    w = dense_weight(weight, kernel_size, transposed)
     if not transposed:
         x = _scatter(feats, frame.fine_index(in_coords), batch, frame.fine_size)
-        y = F.conv3d(x, w, stride=frame.s, dilation=frame.d)
+        y = F.conv3d(x, w, stride=frame.s, dilation=frame.d, groups=groups)
         return _gather(y, frame.coarse_index(out_coords))
     x = _scatter(feats, frame.coarse_index(in_coords), batch, frame.coarse_size)
-    y = F.conv_transpose3d(x, w, stride=frame.s, dilation=frame.d)
+    y = F.conv_transpose3d(x, w, stride=frame.s, dilation=frame.d, groups=groups)
     return _gather(y, frame.fine_index(out_coords))
 
 

@@ -14,7 +14,8 @@ import torch
 import torchsparse_pp as tsp
 from torchsparse_pp import ops
 from torchsparse_pp.nn.functional import ConvConfig
-from dataflow_cases import GEOMETRIES, make_input, rel_to, run_oracle, run_ours, volume
+from dataflow_cases import GEOMETRIES, make_input, reduced_precision_errors, rel_to, run_oracle, run_ours, volume
+from precision import assert_as_accurate_as_rounded
 
 CONFIGS = {
     "fetch_on_demand": ConvConfig("fetch_on_demand"),
@@ -52,10 +53,7 @@ def test_bf16_matches_oracle(geometry, c_in, c_out, config, gen):
     weight = torch.randn(volume(geom["kernel_size"]), c_in, c_out, generator=gen).bfloat16()
     y, dfeats, dweight, grad = run_ours(x, weight, geom, CONFIGS[config], 3)
     assert y.F.dtype == dfeats.dtype == dweight.dtype == torch.bfloat16
-    (ref, ref_df, ref_dw), _ = run_oracle(x, weight, y.C, geom, grad)
-    errors = {"forward": rel_to(y.F, ref, ref), "dgrad": rel_to(dfeats, ref_df, ref_df),
-              "wgrad": rel_to(dweight, ref_dw, ref_dw)}
-    assert all(v < 1e-2 for v in errors.values()), errors
+    reduced_precision_errors(x, weight, geom, CONFIGS[config], y, dfeats, dweight, grad, f"bf16 {config}")
 
 
 @pytest.mark.parametrize("config", ["implicit_gemm_sorted1", "implicit_gemm_unsorted"])
@@ -68,7 +66,7 @@ def test_bf16_implicit_gemm_with_many_offsets_per_row_group(config, gen):
     weight = torch.randn(volume(geom["kernel_size"]), 7, 19, generator=gen).bfloat16()
     y, _, _, grad = run_ours(x, weight, geom, CONFIGS[config], 3)
     (ref, _, _), _ = run_oracle(x, weight, y.C, geom, grad)
-    assert rel_to(y.F, ref, ref) < 1e-2
+    assert_as_accurate_as_rounded(y.F, ref, what=f"bf16 {config}, 125 offsets")  # implicit GEMM: one rounding
 
 
 RUN_BOTH = r"""
@@ -137,7 +135,7 @@ def test_bf16_implicit_gemm_rows_without_neighbours_are_zero(sorted_rows, gen):
     empty = (table < 0).all(1)
     assert out.dtype == torch.bfloat16 and empty.sum() > 0
     assert torch.equal(out[empty], torch.zeros_like(out[empty]))
-    assert rel_to(out[~empty], ref[~empty], ref[~empty]) < 1e-2
+    assert_as_accurate_as_rounded(out[~empty], ref[~empty], what="bf16 implicit_gemm rows")
 
 
 @pytest.mark.parametrize("c_in, c_out", [(40, 48), (64, 128)])

@@ -21,9 +21,9 @@ from torchsparse_pp.data import generate_scan
 from torchsparse_pp.nn.functional import ConvConfig, PassConfigs, conv3d
 from torchsparse_pp.utils import sparse_quantize
 from conftest import fresh_seed, random_coords
-from dataflow_cases import (BF16_TOLERANCE, CHANNEL_PAIRS, EDGE_CASES, GEOMETRIES, TOLERANCE, assert_small,
-                            check_output_coords, conv_kwargs, make_input, oracle_errors, planar_coords,
-                            rel_to, run_oracle, run_ours, volume)
+from dataflow_cases import (CHANNEL_PAIRS, EDGE_CASES, GEOMETRIES, TOLERANCE, assert_small, check_output_coords,
+                            library_abs_sums, make_input, oracle_errors, planar_coords, reduced_precision_errors, rel_to,
+                            run_oracle, run_ours, volume)
 
 CONFIGS = {
     "gs_eps0_thr0": ConvConfig("gather_scatter", epsilon=0.0, mm_thresh=0),
@@ -105,15 +105,6 @@ def scan64():
 
 
 SCAN_LAYERS = {"subm_k3": dict(kernel_size=3), "k2s2": dict(kernel_size=2, stride=2)}
-
-
-def library_abs_sums(x, weight, geom, grad):
-    """The conv's sums over absolute values (|feats|, |W|, |grad|), by the library in float64."""
-    f = x.F.detach().double().abs().requires_grad_(True)
-    w = weight.detach().double().abs().requires_grad_(True)
-    y = conv3d(x.replace_feats(f), w, config=ConvConfig(), **conv_kwargs(geom))
-    y.F.backward(grad.double().abs())
-    return y.F.detach(), f.grad, w.grad
 
 
 @pytest.mark.parametrize("layer", list(SCAN_LAYERS))
@@ -231,10 +222,7 @@ def check_bfloat16_against_oracle(geometry, config, gen):
     weight = torch.randn(volume(geom["kernel_size"]), 16, 8, generator=gen).bfloat16()
     y, dfeats, dweight, grad = run_ours(x, weight, geom, CONFIGS[config], int(torch.randint(0, 2 ** 31, (1,), generator=gen)))
     assert y.F.dtype == dfeats.dtype == dweight.dtype == torch.bfloat16
-    (ref, ref_df, ref_dw), _ = run_oracle(x, weight, y.C, geom, grad)  # same bf16 values, in float64
-    errors = {"forward": rel_to(y.F, ref, ref), "dgrad": rel_to(dfeats, ref_df, ref_df),
-              "wgrad": rel_to(dweight, ref_dw, ref_dw)}
-    assert_small(errors, BF16_TOLERANCE)
+    reduced_precision_errors(x, weight, geom, CONFIGS[config], y, dfeats, dweight, grad, f"bf16 {config}")
 
 
 # --------------------------------------------------------------------------------------------

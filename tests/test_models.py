@@ -2,6 +2,7 @@
 sparse backbone, targets, decoding, rotated IoU / NMS, training steps, bf16 autocast).
 
 Inputs are crops of generated LiDAR scans or random boxes, drawn from fresh seeds."""
+import copy
 import math
 
 import numpy as np
@@ -19,6 +20,7 @@ from torchsparse_pp.utils import sparse_quantize
 from conftest import fresh_seed, lidar_coords
 from oracle import dense_weight
 from model_helpers import randomise_norms, rel_err
+from precision import assert_as_accurate_as_plain, plain_sparse_convs
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,12 +122,14 @@ def test_minkunet_bf16_autocast_cpu():
     randomise_norms(model, gen)
     x = tsp.SparseTensor(feats, coords)
     with torch.no_grad():
-        reference = model(x)
+        reference = copy.deepcopy(model).double()(x.replace_feats(feats.double()))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model(x)
+            with plain_sparse_convs():
+                plain = model(x)
     assert out.dtype == torch.bfloat16 and out.shape == reference.shape
     assert torch.isfinite(out.float()).all()
-    assert rel_err(out, reference) < 3e-2
+    assert_as_accurate_as_plain(out, plain, reference, what="MinkUNet under bf16 autocast")
 
 
 # --------------------------------------------------------------------------------------------
@@ -392,10 +396,15 @@ def test_centerpoint_bf16_autocast_cpu():
     randomise_norms(model, gen)
     x = voxelize([points], config)
     with torch.no_grad():
-        reference = model(x, 1)
+        reference = copy.deepcopy(model).double()(x.replace_feats(x.F.double()), 1)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model(x, 1)
-    assert all(out[k].dtype == torch.bfloat16 and rel_err(out[k], reference[k]) < 3e-2 for k in reference)
+            with plain_sparse_convs():
+                plain = model(x, 1)
+    assert all(out[k].dtype == torch.bfloat16 for k in reference)
+    # Heads whose outputs cancel to small values (center_z: max |y| 0.04 for some seeds) have
+    # a few % relative error in any bf16 computation: held to the plain bf16 convs' error.
+    assert_as_accurate_as_plain(out, plain, reference, what="CenterPoint under bf16 autocast")
     # A training step under autocast: the loss is computed in float32 and gradients stay finite.
     model.train()
     with torch.autocast("cpu", dtype=torch.bfloat16):
