@@ -1,11 +1,7 @@
 """Helpers shared by the model-level tests (models, compile, export)."""
 import torch
 
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / ||b|| in float64."""
-    a, b = a.detach().double(), b.detach().double()
-    return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
+from precision import rel_err  # noqa: F401 (the models' tests import it from here)
 
 
 def randomise_norms(module: torch.nn.Module, gen: torch.Generator) -> None:

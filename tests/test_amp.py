@@ -228,10 +228,11 @@ def gradients(net: torch.nn.Module) -> dict:
 
 
 def test_minkunet_autocast_training_step_eager_and_compiled():
-    """A training step under bf16 autocast, eager and compiled: logits, loss and every
-    parameter's gradient held to the same step with plain bf16 convs, against float64. (bf16
-    rounding compounds through a deep net's backward with batch-statistics BatchNorm: the first
-    layers' gradients are tens of % off float64 in any bf16 computation.)"""
+    """A training step under bf16 autocast, eager and compiled: the logits and the parameters'
+    gradients (jointly: precision.assert_as_accurate_as_plain) held to the same step with plain
+    bf16 convs, against float64. (bf16 rounding compounds through a deep net's backward with
+    batch-statistics BatchNorm: the first layers' gradients are tens of % off float64 in any
+    bf16 computation.)"""
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -265,8 +266,9 @@ def test_minkunet_autocast_training_step_eager_and_compiled():
         assert got["logits"].dtype == BF16
         for name, p in model.named_parameters():
             assert got[name].dtype == torch.float32 and torch.isfinite(got[name]).all(), name
-    assert_as_accurate_as_plain(got_eager, plain, expected, what="eager training step")
-    assert_as_accurate_as_plain(got_compiled, plain, expected, what="compiled training step")
+    grads = list(gradients(eager))
+    assert_as_accurate_as_plain(got_eager, plain, expected, what="eager training step", jointly=grads)
+    assert_as_accurate_as_plain(got_compiled, plain, expected, what="compiled training step", jointly=grads)
 
 
 @pytest.mark.parametrize("kind", ["submanifold", "strided", "transposed", "generative"])

@@ -13,6 +13,7 @@ import torchsparse_pp as tsp
 from torchsparse_pp.nn.functional import conv3d
 from conftest import lidar_coords, random_coords, triple as _t
 from oracle import reference_conv, reference_output_coords
+from precision import assert_as_accurate_as_rounded, rel_err
 
 KERNELS = [1, 2, 3, 5, (3, 1, 1), (1, 3, 3)]
 STRIDES = [2, 3, (2, 1, 1)]
@@ -24,12 +25,6 @@ TOLERANCE = 1e-5
 def volume(kernel):
     kx, ky, kz = _t(kernel)
     return kx * ky * kz
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor = None) -> float:
-    """||a - b|| / ||scale||; scale defaults to b."""
-    scale = b if scale is None else scale
-    return ((a.double() - b.double()).norm() / scale.double().norm().clamp(min=1e-30)).item()
 
 
 def padding_for(kernel, dilation, rule: str):
@@ -178,4 +173,4 @@ def test_bfloat16_matches_oracle(generator):
     y = conv3d(x.bfloat16(), w.bfloat16(), 3)
     ref = reference_conv(x.C, x.bfloat16().F.double(), w.bfloat16().double(), y.C, 3, 1, 1, 1)
     assert y.F.dtype == torch.bfloat16
-    assert rel_err(y.F, ref) < 1e-2
+    assert_as_accurate_as_rounded(y.F, ref, what="bf16 conv")

