@@ -21,7 +21,9 @@ from conftest import fresh_seed, lidar_coords, random_coords
 pytestmark = [pytest.mark.cuda, pytest.mark.native_cuda]
 
 DEVICE = "cuda"
-# name -> (dtype, TF32, tolerance relative to the reference's norm)
+# name -> (dtype, TF32, tolerance); errors are norm-wise relative to the same sums over absolute
+# values: float32 sums of any order stay far under 1e-5, fp16 / bf16 results of exact operands
+# round once (at most 2^-11 / 2^-8 of that scale element by element, a bound).
 DTYPES = {"f16": (torch.float16, False, 1e-2), "bf16": (torch.bfloat16, False, 1e-2),
           "f32": (torch.float32, False, 1e-5), "tf32": (torch.float32, True, 3e-4),
           "f64": (torch.float64, False, 1e-12)}
@@ -51,10 +53,10 @@ def kmaps():
     }
 
 
-def relative_error(out, ref):
+def relative_error(out, ref, scale):
     out = out.double().cpu()
     assert torch.isfinite(out).all(), "non-finite values: a row was not written"
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+    return float((out - ref).norm() / scale.norm().clamp_min(1e-30))
 
 
 def inputs(kmap, c_in, c_out, dtype, gen):
@@ -118,16 +120,17 @@ def test_ops_match_cpu_and_triton(kmaps, dtype, deterministic, name, channels):
     gen = torch.Generator().manual_seed(fresh_seed())
     feats, weight, grad = inputs(kmap, *channels, torch_dtype, gen)
     refs = cpu_reference(kmap, feats, weight, grad)
+    scales = cpu_reference(kmap, feats.abs(), weight.abs(), grad.abs())
     ours = native(kmap, feats, weight, grad, deterministic, tf32)
     shapes = [(kmap.num_out, channels[1]), (kmap.num_in, channels[0]), (kmap.out_in.shape[1], *channels)]
-    for pass_name, out, ref, shape in zip(("forward", "dgrad", "wgrad"), ours, refs, shapes):
+    for pass_name, out, ref, scale, shape in zip(("forward", "dgrad", "wgrad"), ours, refs, scales, shapes):
         assert out.shape == shape and out.dtype == torch_dtype and out.device.type == DEVICE, pass_name
-        err = relative_error(out, ref)
+        err = relative_error(out, ref, scale)
         assert err < tol, f"{pass_name}: relative error {err} against the CPU op"
     if triton_runtime.installed():
-        for pass_name, a, b, ref in zip(("forward", "dgrad", "wgrad"), ours,
-                                        triton(kmap, feats, weight, grad, deterministic, tf32), refs):
-            diff = float((a.double() - b.double()).norm().cpu() / ref.norm().clamp_min(1e-30))
+        for pass_name, a, b, scale in zip(("forward", "dgrad", "wgrad"), ours,
+                                          triton(kmap, feats, weight, grad, deterministic, tf32), scales):
+            diff = float((a.double() - b.double()).norm().cpu() / scale.norm().clamp_min(1e-30))
             assert diff < 2 * tol, f"{pass_name}: native and Triton differ by {diff}"
 
 
@@ -161,6 +164,7 @@ def test_misaligned_inputs_take_element_loads(kmaps, dtype, deterministic):
     gen = torch.Generator().manual_seed(fresh_seed())
     feats, weight, grad = inputs(kmap, 32, 64, torch_dtype, gen)
     ref_fwd, _, ref_wgrad = cpu_reference(kmap, feats, weight, grad)
+    scale_fwd, _, scale_wgrad = cpu_reference(kmap, feats.abs(), weight.abs(), grad.abs())
     (i_o, o_o, off_o, id_o), _ = cuda_pairs(kmap)
     f, g = unaligned(feats.to(DEVICE)), unaligned(grad.to(DEVICE))
     assert f.data_ptr() % 16 != 0
@@ -168,7 +172,7 @@ def test_misaligned_inputs_take_element_loads(kmaps, dtype, deterministic):
     out = ops.fetch_on_demand_forward(f, weight.to(DEVICE), i_o, o_o, off_o, id_o, kmap.num_out, False,
                                       deterministic)
     dw = ops.fetch_on_demand_wgrad(f, g, i_o, o_o, off_o, id_o)
-    assert relative_error(out, ref_fwd) < tol and relative_error(dw, ref_wgrad) < tol
+    assert relative_error(out, ref_fwd, scale_fwd) < tol and relative_error(dw, ref_wgrad, scale_wgrad) < tol
 
 
 def test_empty_inputs_give_zeros(kmaps):
