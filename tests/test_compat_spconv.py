@@ -81,6 +81,19 @@ LAYERS = {
     "strided_k3_s2_p011": lambda ns: ns.SparseConv3d(5, 7, 3, stride=2, padding=(0, 1, 1), bias=False),
     "transposed_k3_s2_p1": lambda ns: ns.SparseConvTranspose3d(5, 7, 3, stride=2, padding=1, bias=True),
     "maxpool_k3_s2_p1": lambda ns: ns.SparseMaxPool3d(3, 2, padding=1),
+    # Regular (non-submanifold) stride-1 layers: every site some input reaches, clipped to the
+    # dense output size.
+    "strided_k3_s1_p1": lambda ns: ns.SparseConv3d(5, 7, 3, padding=1, bias=True),
+    "strided_k3_s1_p0": lambda ns: ns.SparseConv3d(5, 7, 3, bias=False),
+    "strided_k2_s1_p2": lambda ns: ns.SparseConv3d(5, 7, 2, padding=2, bias=False),
+    "strided_k3_s1_p102_d2": lambda ns: ns.SparseConv3d(5, 7, 3, padding=(1, 0, 2), dilation=2, bias=False),
+    "maxpool_k3_s1_p1": lambda ns: ns.SparseMaxPool3d(3, 1, padding=1),
+    "stride1_inverse": lambda ns: ns.SparseSequential(
+        ns.SparseConv3d(5, 6, 3, 1, 1, bias=False, indice_key="d"), ns.SparseInverseConv3d(6, 4, 3, indice_key="d")),
+    # Submanifold layers ignore stride and padding, as spconv does (Pointcept's stems and heads).
+    "subm_k5_p1": lambda ns: ns.SubMConv3d(5, 7, 5, padding=1, bias=False),
+    "subm_k3_s2_p0": lambda ns: ns.SubMConv3d(5, 7, 3, stride=2, bias=True),
+    "subm_k1_p1": lambda ns: ns.SubMConv3d(5, 7, 1, padding=1, bias=True),
     "down_subm_inverse": lambda ns: ns.SparseSequential(
         ns.SparseConv3d(5, 6, 3, 2, 1, bias=False, indice_key="d"), ns.SubMConv3d(6, 6, 3, indice_key="s"),
         ns.SubMConv3d(6, 6, 3, indice_key="s"), ns.SparseInverseConv3d(6, 4, 3, indice_key="d", bias=True)),
@@ -102,7 +115,7 @@ def test_layer_matches_spconv(name, seed, cpu_backward):
         assert rel(a, b) < TOL
 
 
-@pytest.mark.parametrize("name", ["subm", "strided", "inverse"])
+@pytest.mark.parametrize("name", ["subm", "strided", "strided_s1", "inverse"])
 def test_2d_layers_match_spconv(name, seed):
     g = torch.Generator().manual_seed(seed)
     flat = torch.randperm(40 * 30, generator=g)[:500]
@@ -110,6 +123,7 @@ def test_2d_layers_match_spconv(name, seed):
     feats = torch.randn(len(indices), 3, dtype=torch.float64, generator=g)
     make = {"subm": lambda ns: ns.SubMConv2d(3, 4, 3, bias=True),
             "strided": lambda ns: ns.SparseConv2d(3, 4, 3, stride=2, padding=1),
+            "strided_s1": lambda ns: ns.SparseConv2d(3, 4, 3, stride=1, padding=1),
             "inverse": lambda ns: ns.SparseSequential(ns.SparseConv2d(3, 4, 3, 2, indice_key="k"),
                                                       ns.SparseInverseConv2d(4, 2, 3, indice_key="k"))}[name]
     theirs, mine = twins(make, seed)
@@ -222,9 +236,8 @@ UNSUPPORTED = {
     "fp32_accum": (lambda: ours.SubMConv3d(4, 4, 3, fp32_accum=False), NotImplementedError, "fp32_accum"),
     "output_padding": (lambda: ours.SparseConvolution(3, 4, 4, 3, 2, output_padding=1, transposed=True),
                        NotImplementedError, "output_padding"),
-    "subm_stride": (lambda: ours.SubMConv3d(4, 4, 3, stride=2), ValueError, "stride"),
-    "subm_even": (lambda: ours.SubMConv3d(4, 4, 2), ValueError, "odd"),
-    "subm_padding": (lambda: ours.SubMConv3d(4, 4, 3, padding=2), ValueError, "padding"),
+    "subm_even": (lambda: ours.SubMConv3d(1, 4, 2)(ours.SparseConvTensor(torch.ones(1, 1), torch.zeros(1, 4).int(),
+                                                                         [1, 1, 1], 1)), ValueError, "odd"),
     "conv1x1_padding": (lambda: ours.SparseConv3d(4, 4, 1, padding=1), ValueError, "padding"),
     "dilated_transpose": (lambda: ours.SparseConvTranspose3d(4, 4, 3, 2, dilation=2), NotImplementedError, "dilat"),
     "global_avg_pool": (lambda: ours.SparseGlobalAvgPool(), NotImplementedError, "channel 0"),

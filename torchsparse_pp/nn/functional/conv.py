@@ -76,6 +76,14 @@ def _finer_stride(input: SparseTensor, geometry: ConvGeometry):
     return tuple(t // s for t, s in zip(input.s, geometry.stride))
 
 
+def _prepared(input: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tensor], geometry: ConvGeometry,
+              config: Optional[ConfigLike]):
+    """Checked operands, cast as autocast and the configs' backends need, and the configs."""
+    _check_operands(input, weight, bias, geometry)
+    configs, text = resolve_for_call(config, input.device.type)
+    return (configs, text, *_cast_operands(input.F, weight, bias, configs))
+
+
 def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size: IntOr3,
            bias: Optional[torch.Tensor] = None, stride: IntOr3 = 1, dilation: IntOr3 = 1,
            padding: Optional[IntOr3] = None, transposed: bool = False, generative: bool = False,
@@ -107,9 +115,7 @@ def conv3d_with_geometry(input: SparseTensor, weight: torch.Tensor, geometry: Co
     checked once, when they are built)."""
     if generative and not transposed:
         raise ValueError("generative=True needs transposed=True (it is a generative transposed conv)")
-    _check_operands(input, weight, bias, geometry)
-    configs, text = resolve_for_call(config, input.device.type)
-    feats, weight, bias = _cast_operands(input.F, weight, bias, configs)
+    configs, text, feats, weight, bias = _prepared(input, weight, bias, geometry, config)
     cache, coords = input.cache, input.C
     stride_out, range_out = input.s, input.spatial_range
 
@@ -144,3 +150,22 @@ def conv3d_with_geometry(input: SparseTensor, weight: torch.Tensor, geometry: Co
         out = _run(configs, text, feats, weight, bias, kmap, True, epilogue)
         coords, range_out = kmap.in_coords, kmap.in_range
     return SparseTensor._derive(out, coords, stride_out, range_out, cache)
+
+
+def conv3d_over_map(input: SparseTensor, weight: torch.Tensor, kmap: KernelMap, bias: Optional[torch.Tensor] = None,
+                    transposed: bool = False, config: Optional[ConfigLike] = None) -> SparseTensor:
+    """The conv over a kernel map built beforehand (``kmap.in_coords`` are ``input``'s
+    coordinates; with ``transposed``, ``kmap.out_coords`` are, and the outputs are the map's
+    inputs). For output sets conv3d does not pick by itself, such as spconv's regular
+    stride-1 conv (every site some input reaches, where conv3d's stride 1 is submanifold)."""
+    source = kmap.out_coords if transposed else kmap.in_coords
+    if not isinstance(input, SparseTensor) or input.C is not source:
+        raise ValueError("conv3d_over_map: the input's coordinates must be the map's "
+                         f"{'output' if transposed else 'input'} coordinates (the same tensor)")
+    geometry = kmap.geometry
+    configs, text, feats, weight, bias = _prepared(input, weight, bias, geometry, config)
+    out = _run(configs, text, feats, weight, bias, kmap, transposed, None)
+    if transposed:
+        return SparseTensor._derive(out, kmap.in_coords, _finer_stride(input, geometry), kmap.in_range, input.cache)
+    stride = tuple(t * s for t, s in zip(input.s, geometry.stride))
+    return SparseTensor._derive(out, kmap.out_coords, stride, kmap.out_range, input.cache)

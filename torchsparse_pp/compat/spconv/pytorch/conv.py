@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ....nn import functional as F
+from ....nn.functional.conv import conv3d_over_map
 from ..core import ConvAlgo
 from . import run
 from .algo import as_algo, config_of, default_algo
@@ -84,16 +85,9 @@ class SparseConvolution(SparseModule):
 
     def _check_geometry(self) -> None:
         _reject(any(self.output_padding), "output_padding is not supported")
-        if self.subm:
-            _reject(any(s != 1 for s in self.stride), f"a submanifold conv has stride 1, got {self.stride} "
-                    "(spconv ignores it; use SparseConv for strided convs)", ValueError)
-            _reject(any(k % 2 == 0 for k in self.kernel_size),
-                    f"submanifold convs need odd kernel sizes, got {self.kernel_size} (as in spconv)", ValueError)
-            centred = [d * (k // 2) for k, d in zip(self.kernel_size, self.dilation)]
-            _reject(any(p not in (0, c) for p, c in zip(self.padding, centred)),
-                    f"a submanifold conv is centred (padding {centred}); padding={self.padding} would be ignored "
-                    "as spconv ignores it", ValueError)
-        elif self.conv1x1:
+        # A submanifold conv's stride and padding are accepted and ignored, as spconv does: its
+        # outputs are its inputs and its kernel is centred. Even kernels fail when run, as in spconv.
+        if not self.subm and self.conv1x1:
             _reject(any(self.padding), "padding must be zero for 1x1 conv (k=1,s=1)", ValueError)
         _reject(self.transposed and any(d != 1 for d in self.dilation),
                 "dilated SparseConvTranspose is not supported (spconv's output shape ignores dilation)")
@@ -127,14 +121,20 @@ class SparseConvolution(SparseModule):
         return config_of(self.algo) if self._algo_given else self.config
 
     def _library_op(self, x: SparseConvTensor, geometry, **kwargs):
-        kernel = _library_kernel(self.weight, self.ndim)
-        configs = self._configs(x)
-        g = geometry
+        """The library conv3d with this layer's kernel (submanifold and generative layers)."""
+        kernel, configs = _library_kernel(self.weight, self.ndim), self._configs(x)
 
-        def op(inp, geo=None):
-            geo = g if geo is None else geo
-            return F.conv3d(inp, kernel, geo.kernel_size, self.bias, geo.stride, geo.dilation, geo.padding,
-                            downsample_mode="spconv", config=configs, **kwargs)
+        def op(inp):
+            return F.conv3d(inp, kernel, geometry.kernel_size, self.bias, geometry.stride, geometry.dilation,
+                            geometry.padding, downsample_mode="spconv", config=configs, **kwargs)
+        return op
+
+    def _map_op(self, x: SparseConvTensor):
+        """The conv with this layer's kernel over a given map (strided and inverse layers)."""
+        kernel, configs = _library_kernel(self.weight, self.ndim), self._configs(x)
+
+        def op(inp, kmap, transposed):
+            return conv3d_over_map(inp, kernel, kmap, self.bias, transposed, configs).F
         return op
 
     def forward(self, input: SparseConvTensor, add_input: Optional[SparseConvTensor] = None) -> SparseConvTensor:
@@ -142,6 +142,7 @@ class SparseConvolution(SparseModule):
             raise TypeError(f"{type(self).__name__} expects a SparseConvTensor, got {type(input).__name__}")
         if input.ndim != self.ndim:
             raise ValueError(f"{type(self).__name__} is {self.ndim}-D but the input indices are {input.ndim}-D")
+        input.check_rows(type(self).__name__)
         if input.features.shape[1] != self.in_channels:
             raise ValueError(f"channel size mismatch: the layer takes {self.in_channels}, the input has "
                              f"{input.features.shape[1]}")
@@ -175,8 +176,7 @@ class SparseConvolution(SparseModule):
         elif self.subm:
             if datas is not None:
                 self._check_subm_reuse(x, datas)
-            geometry = run.geometry3(self.kernel_size, [1] * self.ndim, self.dilation,
-                                     [d * (k // 2) for k, d in zip(self.kernel_size, self.dilation)])
+            geometry = self._subm_geometry()
             feats, indices = run.submanifold(x, self._library_op(x, geometry), datas)
             if self.indice_key is not None and datas is None:
                 indice_dict[self.indice_key] = self._record(out_indices=indices, indices=x.indices,
@@ -192,7 +192,7 @@ class SparseConvolution(SparseModule):
                 feats, indices, kmap, order = run.transposed(x, geometry, op)
                 out_shape = run.deconv_output_shape(x.spatial_shape, self.kernel_size, self.stride, self.padding)
             else:
-                feats, indices, kmap, order = run.strided(x, geometry, self._library_op(x, geometry))
+                feats, indices, kmap, order = run.strided(x, geometry, self._map_op(x))
                 out_shape = run.conv_output_shape(x.spatial_shape, self.kernel_size, self.stride, self.padding,
                                                   self.dilation)
             if self.indice_key is not None:
@@ -203,6 +203,14 @@ class SparseConvolution(SparseModule):
             if voxels is not None:
                 voxels.fill_(max(int(voxels.item()), indices.shape[0]))
         return SparseConvTensor._derived(x, feats, indices, out_shape, indice_dict)
+
+    def _subm_geometry(self):
+        """Centred, stride 1, whatever ``stride`` and ``padding`` say (spconv's rule)."""
+        _reject(any(k % 2 == 0 for k in self.kernel_size),
+                f"submanifold convs need odd kernel sizes, got {self.kernel_size} (spconv's subm index "
+                "generation asserts ksize % 2 == 1)", ValueError)
+        centred = [d * (k // 2) for k, d in zip(self.kernel_size, self.dilation)]
+        return run.geometry3(self.kernel_size, [1] * self.ndim, self.dilation, centred)
 
     def _inverse(self, x: SparseConvTensor, datas: Optional[IndiceData]):
         if datas is None:
@@ -221,9 +229,7 @@ class SparseConvolution(SparseModule):
             raise ValueError(f"Inverse with same indice_key must have same num of indices, expect "
                              f"{datas.out_indices.shape[0]}, input {x.indices.shape[0]}")
 
-        def op(coarse, geometry):
-            return self._library_op(x, geometry, transposed=True)(coarse)
-        feats, indices = run.inverse(x, datas, op)
+        feats, indices = run.inverse(x, datas, self._map_op(x))
         return feats, indices, datas.spatial_shape
 
     def _check_subm_reuse(self, x: SparseConvTensor, datas: IndiceData) -> None:

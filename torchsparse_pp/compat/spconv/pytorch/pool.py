@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ....nn import functional as F
+from .... import ops
 from ..core import ConvAlgo
 from . import run
 from .algo import as_algo, default_algo
@@ -47,23 +47,25 @@ class _SparsePool(SparseModule):
     def get_max_num_voxels(self) -> Optional[torch.Tensor]:
         return getattr(self, MAX_VOXELS_BUFFER, None)
 
-    def _pool(self, inp, geometry):
-        g = geometry
+    def _pool(self, inp, kmap, transposed):
+        """Pooled features over the layer's map (a strided map of any stride, as in spconv)."""
+        pairs = kmap.pairs
         if self.reduce == "max":
-            out = F.max_pool3d(inp, g.kernel_size, g.stride, g.dilation, g.padding, downsample_mode="spconv")
-            return out.replace_feats(out.F.clamp_min(0))
-        return F.avg_pool3d(inp, g.kernel_size, g.stride, g.dilation, g.padding, downsample_mode="spconv")
+            feats, _ = ops.pool_pairs_max(inp.F, pairs.in_idx, pairs.out_idx, kmap.num_out)
+            return feats.clamp_min(0)
+        return ops.pool_pairs_mean(inp.F, pairs.in_idx, pairs.out_idx, kmap.num_out)
 
     def forward(self, input: SparseConvTensor) -> SparseConvTensor:
         if not isinstance(input, SparseConvTensor):
             raise TypeError(f"{type(self).__name__} expects a SparseConvTensor, got {type(input).__name__}")
         if input.ndim != self.ndim:
             raise ValueError(f"{type(self).__name__} is {self.ndim}-D but the input indices are {input.ndim}-D")
+        input.check_rows(type(self).__name__)
         indice_dict = dict(input.indice_dict)
         if self.indice_key is not None and self.indice_key in indice_dict:
             raise ValueError(f"indice key {self.indice_key!r} exists")
         geometry = run.geometry3(self.kernel_size, self.stride, self.dilation, self.padding)
-        feats, indices, kmap, order = run.strided(input, geometry, lambda inp: self._pool(inp, geometry))
+        feats, indices, kmap, order = run.strided(input, geometry, self._pool)
         out_shape = run.conv_output_shape(input.spatial_shape, self.kernel_size, self.stride, self.padding,
                                           self.dilation)
         if self.indice_key is not None:

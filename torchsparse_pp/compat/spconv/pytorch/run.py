@@ -1,16 +1,21 @@
-"""The four ways a spconv layer runs on the library: submanifold, strided (conv or pool, outputs
-in spconv's row order), inverse (through the strided layer's ``indice_key``) and transposed
-(generative). Each takes a function that applies the library op to a library SparseTensor."""
+"""The four ways a spconv layer runs on the library: submanifold, strided (conv or pool, any
+stride, outputs in spconv's row order), inverse (through the strided layer's ``indice_key``) and
+transposed (generative). Submanifold and transposed layers take a function that applies the
+library op to a library SparseTensor; strided and inverse ones a function that computes features
+over a kernel map (spconv's regular stride-1 conv is a strided map of stride 1, which the
+library's conv3d, whose stride 1 is submanifold, would not pick)."""
 from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from ....kmap import ConvGeometry, generative_map, strided_map
+from ....kmap import ConvGeometry, KernelMap, generative_map, strided_map
 from ....tensor import SparseTensor
 from .order import generative_order, strided_order
 from .tensor import IndiceData, SparseConvTensor, pad3
 
 LibraryOp = Callable[[SparseTensor], SparseTensor]
+# (input, map, transposed) -> features on the map's outputs (on its inputs when transposed)
+MapOp = Callable[[SparseTensor, KernelMap, bool], torch.Tensor]
 
 
 def geometry3(ksize, stride, dilation, padding) -> ConvGeometry:
@@ -33,17 +38,16 @@ def submanifold(x: SparseConvTensor, op: LibraryOp, reuse: Optional[IndiceData])
     return out.F, reuse.out_indices
 
 
-def strided(x: SparseConvTensor, geometry: ConvGeometry, op: LibraryOp):
+def strided(x: SparseConvTensor, geometry: ConvGeometry, op: MapOp):
     """Features and indices of a strided layer in spconv's order, and the map's record."""
     inp = x.library_tensor()
-    out = op(inp)
     kmap = strided_map(inp.cache, inp.C, geometry, "spconv", inp.spatial_range)
     order = strided_order(kmap.out_in, kmap.num_out, kmap.num_in)
     indices = x._state.indices_of(kmap.out_coords[order], x.ndim)
-    return out.F[order], indices, kmap, order
+    return op(inp, kmap, False)[order], indices, kmap, order
 
 
-def inverse(x: SparseConvTensor, datas: IndiceData, op: Callable[[SparseTensor, ConvGeometry], SparseTensor]):
+def inverse(x: SparseConvTensor, datas: IndiceData, op: MapOp):
     """The exact transpose of the strided layer that recorded ``datas``, back on its input indices."""
     kmap = datas.kmap
     if kmap is None or kmap.mode != "spconv":
@@ -51,9 +55,8 @@ def inverse(x: SparseConvTensor, datas: IndiceData, op: Callable[[SparseTensor, 
                                   "layer (not of a transposed conv)")
     back = torch.argsort(datas.order)  # spconv row j holds the map's output order[j]
     feats = x.features.index_select(0, back)
-    g = kmap.geometry
-    coarse = SparseTensor._derive(feats, kmap.out_coords, g.stride, kmap.out_range, datas.state.cache)
-    return op(coarse, g).F, datas.indices
+    coarse = SparseTensor._derive(feats, kmap.out_coords, kmap.geometry.stride, kmap.out_range, datas.state.cache)
+    return op(coarse, kmap, True), datas.indices
 
 
 def transposed(x: SparseConvTensor, geometry: ConvGeometry, op: LibraryOp):

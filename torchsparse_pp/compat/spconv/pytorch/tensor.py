@@ -172,10 +172,19 @@ class SparseConvTensor:
         return int(np.prod(self.spatial_shape))
 
     def replace_feature(self, feature: torch.Tensor) -> "SparseConvTensor":
-        if not isinstance(feature, torch.Tensor) or feature.dim() != 2 or feature.shape[0] != self.indices.shape[0]:
-            raise ValueError(f"replacement features must be [{self.indices.shape[0]}, C], "
-                             f"got {getattr(feature, 'shape', type(feature))}")
+        """A tensor with these indices and ``feature``. As in spconv, the number of rows may differ
+        from the indices' (code such as VoxelNeXt assigns matching ``indices`` next); layers
+        check that they agree (check_rows)."""
+        if not isinstance(feature, torch.Tensor) or feature.dim() != 2:
+            raise ValueError(f"replacement features must be a [N, C] tensor, got {getattr(feature, 'shape', type(feature))}")
         return SparseConvTensor._derived(self, feature, self.indices, self.spatial_shape, self.indice_dict)
+
+    def check_rows(self, layer: str) -> None:
+        """Features and indices describe the same sites (replace_feature and assignments to
+        ``indices`` may leave them apart)."""
+        if self._features.shape[0] != self.indices.shape[0]:
+            raise ValueError(f"{layer}: the input has {self._features.shape[0]} feature rows but "
+                             f"{self.indices.shape[0]} indices (set matching indices after replace_feature)")
 
     def shadow_copy(self) -> "SparseConvTensor":
         return SparseConvTensor._derived(self, self._features, self.indices, self.spatial_shape, self.indice_dict)
