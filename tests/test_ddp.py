@@ -1,14 +1,16 @@
-"""DistributedDataParallel in the trainer (issue 17, item 1): 2 CPU processes (gloo over the
-loopback interface) started by torchrun through the real ``train`` command, on tiny generated
-data. Checks that both ranks end with the same weights bit for bit, that the 2-process run with
-batch B per process equals a 1-process run with batch 2B on the same data (BatchNorm included:
-SyncBatchNorm, and each step's loss is the mean over all processes' targets), that gradient
-accumulation (``no_sync``) gives that same run again, and that a 2-process checkpoint resumes
-in 1 process onto the same weights. Checkpoints hold the plain module's state dict."""
+"""DistributedDataParallel in the trainer: 2 CPU processes (gloo over the loopback interface)
+started by torchrun through the real ``train`` command, on tiny generated data. Checks that both
+ranks end with the same weights bit for bit, that the 2-process run with batch B per process
+equals a 1-process run with batch 2B on the same data (BatchNorm included: SyncBatchNorm, and
+each step's loss is the mean over all processes' targets), that gradient accumulation
+(``no_sync``) gives that same run again, and that a 2-process checkpoint resumes in 1 process
+onto the same weights. Checkpoints hold the plain module's state dict. And the teardown order."""
+import gc
 import os
 import socket
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ import torch
 import yaml
 
 from torchsparse_pp.data.synth import write_synthetic
+from torchsparse_pp.train.distributed import cleanup, wrap_ddp
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT = 150  # seconds per command; the whole test takes well under a minute on 2 cores
@@ -200,3 +203,28 @@ def test_two_rank_checkpoint_resumes_in_one_rank(runs):
     assert resumed["losses"] == pytest.approx(two["losses"][2:], rel=1e-5)
     assert_same_step(tmp, "resumed", "two", 3)
     assert_same_step(tmp, "resumed", "two", 4)
+
+
+def test_cleanup_frees_the_ddp_reducer_before_the_process_group(tmp_path):
+    """torch's DistributedDataParallel is in a reference cycle (a closure over itself): dropping
+    its last name frees neither it nor the process group its reducer holds, until a cyclic
+    collection, which may come at interpreter exit. A gloo group finalised there has its worker
+    threads release their last work's tensors without the GIL ("terminate called without an
+    active exception"). cleanup() collects first, so the reducer goes, then the group."""
+    import torch.distributed as dist
+    was_enabled = gc.isenabled()
+    gc.disable()  # no collection but cleanup's
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        model = wrap_ddp(torch.nn.Linear(4, 3), torch.device("cpu"))
+        model(torch.randn(8, 4)).sum().backward()
+        alive = weakref.ref(model)
+        del model
+        cleanup()
+        assert alive() is None, "the DDP wrapper outlived cleanup()"
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if was_enabled:
+            gc.enable()

@@ -335,8 +335,8 @@ def _sync_bn_worker(rank, init_file, payload, result_dir):
                         "num_batches_tracked": int(bn.num_batches_tracked), "eval": evaluated},
                        result_path)
         finally:
-            # Drop the DDP wrapper (its reducer holds gloo work) before the group goes: a
-            # reducer finalised after the group at interpreter exit can abort the process.
+            # The DDP wrapper is in a reference cycle: collect it (and its reducer, which holds
+            # the group) now, not at interpreter exit (see train.distributed.cleanup).
             del model
             gc.collect()
             dist.barrier()

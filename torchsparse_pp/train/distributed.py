@@ -127,8 +127,11 @@ def gather_objects(items: List[Any]) -> List[Any]:
 
 
 def cleanup() -> None:
-    """Destroys the process group. Callers drop their DDP-wrapped models first: a reducer (it
-    holds gloo work) finalised after its group, at interpreter exit, can abort the process."""
+    """Destroys the process group. Callers drop their DDP-wrapped models first, and this collects
+    before destroying: torch's DistributedDataParallel is in a reference cycle (a closure over
+    itself), so dropping its last name frees neither it nor the group its reducer holds until a
+    cyclic collection, which may come at interpreter exit; a gloo group finalised there has its
+    worker threads release their last tensors without the GIL, which aborts the process."""
     if dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()
