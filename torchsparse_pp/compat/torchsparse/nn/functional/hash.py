@@ -4,16 +4,14 @@ from typing import Optional
 
 import torch
 
-_FNV_OFFSET = 14695981039346656037 - (1 << 64)  # as a signed int64
-_FNV_PRIME = 1099511628211
+from ...backend.fnv import fnv1a64
+
 _LOW60 = (1 << 60) - 1
 
 
 def _fnv(columns) -> torch.Tensor:
-    h = torch.full_like(columns[0], _FNV_OFFSET, dtype=torch.int64)
-    for column in columns:
-        h = (h ^ (column.long() & 0xFFFFFFFF)) * _FNV_PRIME  # int64 products wrap modulo 2^64
-    return ((h >> 60) & 0xF) ^ (h & _LOW60)
+    h = fnv1a64(columns)
+    return ((h >> 60) & 0xF) ^ (h & _LOW60)  # 2.1's sphash folds the top 4 bits into the rest
 
 
 def sphash(coords: torch.Tensor, offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -30,9 +28,13 @@ def sphash(coords: torch.Tensor, offsets: Optional[torch.Tensor] = None) -> torc
 
 
 def sphashquery(queries: torch.Tensor, references: torch.Tensor) -> torch.Tensor:
-    """For every hash in ``queries`` (any shape), its index in ``references`` or -1."""
+    """For every int64 hash in ``queries`` (any shape), its int64 index in ``references`` or -1;
+    the first of repeated references (2.1's CPU table keeps the first insert)."""
+    for name, t in (("queries", queries), ("references", references)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
+            raise TypeError(f"sphashquery {name} must be int64 hashes, got {getattr(t, 'dtype', type(t).__name__)}")
     flat = queries.reshape(-1)
-    sorted_refs, order = torch.sort(references.reshape(-1))
+    sorted_refs, order = torch.sort(references.reshape(-1), stable=True)
     if sorted_refs.numel() == 0:
         return torch.full_like(queries, -1)
     pos = torch.searchsorted(sorted_refs, flat).clamp(max=sorted_refs.numel() - 1)
