@@ -297,12 +297,6 @@ def _(d):
     conv(d.tensor(c=4))
 
 
-@case("conv-float16-cpu")
-def _(d):
-    x = d.tensor()
-    spnn.Conv3d(4, 8, 3).half()(x.half())
-
-
 @case("conv-weight-dtype")
 def _(d):
     spnn.Conv3d(4, 8, 3).double()(d.tensor())

@@ -13,11 +13,13 @@ from ...kmap import (ConvGeometry, KernelMap, generative_map, strided_map, subma
 from ...kmap.geometry import IntOr3
 from ...tensor import SparseTensor
 from .config import ConfigLike, PassConfigs, resolve_for_call
+from .cpu_half import computes_in_float32, widened
 from .dataflows import OrientedMap, sparse_conv
 from .epilogue import Epilogue, forward_with_epilogue, pointwise_forward
 
-# Per (device type, backend); the Triton kernels take the same dtypes on every device.
-SUPPORTED_DTYPES = {("cpu", "native"): (torch.float32, torch.float64, torch.bfloat16),
+# Per (device type, backend); the Triton kernels take the same dtypes on every device. float16 on
+# the CPU computes in float32 (cpu_half.py).
+SUPPORTED_DTYPES = {("cpu", "native"): (torch.float32, torch.float64, torch.float16, torch.bfloat16),
                     ("cuda", "native"): (torch.float32, torch.float64, torch.float16, torch.bfloat16),
                     ("cpu", "triton"): (torch.float32, torch.float64, torch.float16, torch.bfloat16),
                     ("cuda", "triton"): (torch.float32, torch.float64, torch.float16, torch.bfloat16)}
@@ -62,6 +64,8 @@ def _cast_operands(feats: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
 
 def _run(configs: PassConfigs, text: str, feats, weight, bias, kmap: KernelMap, transposed: bool,
          epilogue: Optional[Epilogue]) -> torch.Tensor:
+    if computes_in_float32(feats, configs):
+        return _run(configs, text, *widened(feats, weight, bias), kmap, transposed, epilogue).to(feats.dtype)
     view = OrientedMap(kmap, transposed)
     if epilogue is not None:
         return forward_with_epilogue(configs, text, feats, weight, bias, view, epilogue)

@@ -13,6 +13,7 @@ import torch
 from ... import backends, ops
 from ...utils.cpu_bf16 import bf16_gemm_emulated, linear_float32
 from .config import PassConfigs
+from .cpu_half import computes_in_float32, widened
 from .dataflows import identity_pairs, identity_pairs_conv, sparse_conv
 
 
@@ -109,6 +110,8 @@ def pointwise_fused(feats: torch.Tensor, weight: torch.Tensor, bias: Optional[to
 def pointwise_forward(configs: PassConfigs, feats: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                       epilogue: Optional[Epilogue]) -> torch.Tensor:
     """A 1x1x1 conv (every output reads its own row) followed by ``epilogue`` (if any)."""
+    if computes_in_float32(feats, configs):
+        return pointwise_forward(configs, *widened(feats, weight, bias), epilogue).to(feats.dtype)
     residual = None if epilogue is None else epilogue.residual
     # A compiled graph always takes the kernel: a size test would specialise it on the rows.
     macs = feats.shape[0] * weight.shape[1] * weight.shape[2]

@@ -117,8 +117,6 @@ def tune(model: nn.Module, data_loader: Iterable, n_samples: int = 100, collect_
          tune_with_bwd: bool = False, verbose: bool = True, skip_warning: bool = False) -> None:
     dataflow_range = [Dataflow.ImplicitGEMM] if dataflow_range is None else list(dataflow_range)
     device = next(model.parameters()).device
-    if enable_fp16 and device.type != "cuda":
-        raise TypeError("enable_fp16: float16 sparse convolution is GPU-only (as in torchsparse 2.1)")
     backends.benchmark = True
     samples = []
     for batch in data_loader:

@@ -9,7 +9,10 @@ What 2.1 does (its default 'hashmap_on_the_fly' kernel maps), and so what this a
   per axis, size from ``spatial_range`` or, without one, max(input coordinate) + 1;
 - a 1x1x1 stride-1 kernel is ``[C_in, C_out]`` (a plain matmul);
 - a transposed conv reuses the map of the strided conv cached under 2.1's key
-  (tensor stride, kernel size, stride, dilation), i.e. that conv's padding, and lands on its inputs.
+  (tensor stride, kernel size, stride, dilation), i.e. that conv's padding, and lands on its inputs;
+- where the features or the kernel are float16, both are cast to float16 and the output is
+  float16 (the bias is added into it, as 2.1's ``feats += bias``); the 1x1x1 stride-1 conv is
+  2.1's plain ``feats.matmul(weight)``, which takes one dtype.
 """
 from typing import NamedTuple, Optional, Tuple
 
@@ -52,9 +55,18 @@ def _check_input(input: SparseTensor) -> None:
     if coords.shape[0] and int(coords[:, 1:].min()) < 0:
         raise ValueError("torchsparse 2.1 needs coordinates >= 0 (its kernel maps clip at 0); shift them, or use "
                          "torchsparse_pp.SparseTensor, which takes any signed range")
-    if feats.dtype == torch.float16 and feats.device.type == "cpu":
-        raise TypeError("float16 sparse convolution is GPU-only (as in torchsparse 2.1); on the CPU use "
-                        "float32, float64 or bfloat16")
+
+
+def _operands(feats: torch.Tensor, weight: torch.Tensor):
+    """2.1's conv functions compute in float16 when either operand is float16."""
+    if torch.float16 in (feats.dtype, weight.dtype):
+        return feats.half(), weight.half()
+    return feats, weight
+
+
+def _with_bias(feats: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """2.1's in-place ``feats += bias``: the sum in the features' dtype."""
+    return feats if bias is None else (feats + bias).to(feats.dtype)
 
 
 def _output_range(spatial_range, kernel_size, stride, padding) -> Optional[Tuple[int, ...]]:
@@ -82,7 +94,7 @@ class EmptyMap(NamedTuple):
 def _empty_strided(input: SparseTensor, kernel, key, stride, out_range) -> SparseTensor:
     out_coords = input.coords.new_zeros(0, 4)
     input._caches.kmaps.setdefault(key, EmptyMap(input.coords, out_coords))
-    feats = input.feats.new_zeros(0, kernel.shape[2]) + kernel.sum() * 0  # still on the autograd graph
+    feats = kernel.new_zeros(0, kernel.shape[2]) + kernel.sum() * 0  # still on the autograd graph
     return _derived(feats, out_coords, tuple(a * b for a, b in zip(input.stride, stride)), out_range, input._caches)
 
 
@@ -112,15 +124,14 @@ def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size, bias: Optiona
     if kernel_size == (1, 1, 1) and stride == (1, 1, 1):
         if weight.dim() != 2:
             raise ValueError(f"a 1x1x1 stride-1 kernel is [C_in, C_out] in torchsparse 2.1, got {tuple(weight.shape)}")
-        feats = input.feats.matmul(weight)
-        if bias is not None:
-            feats = feats + bias
+        feats = _with_bias(input.feats.matmul(weight), bias)
         return _derived(feats, input.coords, input.stride, input.spatial_range, caches)
     if weight.dim() != 3:
         raise ValueError(f"weight must be [K, C_in, C_out] for kernel_size {kernel_size}, got {tuple(weight.shape)}")
+    feats, weight = _operands(input.feats, weight)
     kernel = library_kernel(weight, kernel_size)
     if transposed:
-        return _transposed(input, kernel, kernel_size, stride, dilation, bias, configs)
+        return _transposed(input, feats, kernel, kernel_size, stride, dilation, bias, configs)
 
     key = (input.stride, kernel_size, stride, dilation)
     if stride == (1, 1, 1):
@@ -128,11 +139,11 @@ def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size, bias: Optiona
         if any(p not in (0, c) for p, c in zip(padding, centred)):
             raise ValueError(f"padding {padding} at stride 1: torchsparse 2.1 uses {centred} there and would ignore it")
         if input.coords.shape[0] == 0:
-            feats = input.feats.new_zeros(0, kernel.shape[2]) + kernel.sum() * 0
-            return _derived(feats, input.coords, input.stride, input.spatial_range, caches)
+            empty = feats.new_zeros(0, kernel.shape[2]) + kernel.sum() * 0
+            return _derived(empty, input.coords, input.stride, input.spatial_range, caches)
         geometry = ConvGeometry.make(kernel_size, 1, 1, centred)
-        lib_in = LibraryTensor._derive(input.feats, input.coords, input.stride, None, caches.library)
-        lib_out = library_conv3d(lib_in, kernel, kernel_size, bias, 1, 1, centred, config=configs)
+        lib_in = LibraryTensor._derive(feats, input.coords, input.stride, None, caches.library)
+        lib_out = library_conv3d(lib_in, kernel, kernel_size, None, 1, 1, centred, config=configs)
         kmap = submanifold_map(caches.library, input.coords, geometry, None)
         out_stride = input.stride
     else:
@@ -141,25 +152,23 @@ def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size, bias: Optiona
         clip = _clip_range(input) if input.coords.shape[0] else None
         if clip is None or min(geometry.dense_output_size(clip)) < 1:
             return _empty_strided(input, kernel, key, stride, out_range)  # 2.1's clip range holds no site
-        lib_in = LibraryTensor._derive(input.feats, input.coords, input.stride, clip, caches.library)
-        lib_out = library_conv3d(lib_in, kernel, kernel_size, bias, stride, 1, padding, config=configs)
+        lib_in = LibraryTensor._derive(feats, input.coords, input.stride, clip, caches.library)
+        lib_out = library_conv3d(lib_in, kernel, kernel_size, None, stride, 1, padding, config=configs)
         kmap = strided_map(caches.library, input.coords, geometry, "spconv", lib_in.spatial_range)
         out_stride = tuple(a * b for a, b in zip(input.stride, stride))
     caches.kmaps.setdefault(key, kmap)
-    return _derived(lib_out.F, lib_out.C, out_stride, _output_range(input.spatial_range, kernel_size, stride, padding),
-                    caches)
+    out_range = _output_range(input.spatial_range, kernel_size, stride, padding)
+    return _derived(_with_bias(lib_out.F, bias), lib_out.C, out_stride, out_range, caches)
 
 
 def _empty_transposed(input: SparseTensor, kmap: EmptyMap, kernel, bias, fine_stride) -> SparseTensor:
-    feats = input.feats.new_zeros(kmap.in_coords.shape[0], kernel.shape[2]) + kernel.sum() * 0
-    if bias is not None:
-        feats = feats + bias
+    feats = _with_bias(kernel.new_zeros(kmap.in_coords.shape[0], kernel.shape[2]) + kernel.sum() * 0, bias)
     recorded = input._caches.cmaps.get(fine_stride)
     fine_range = recorded[1] if recorded is not None and recorded[0] is kmap.in_coords else None
     return _derived(feats, kmap.in_coords, fine_stride, fine_range, input._caches)
 
 
-def _transposed(input: SparseTensor, kernel, kernel_size, stride, dilation, bias, configs) -> SparseTensor:
+def _transposed(input: SparseTensor, feats, kernel, kernel_size, stride, dilation, bias, configs) -> SparseTensor:
     caches = input._caches
     if any(t % s for t, s in zip(input.stride, stride)):
         raise ValueError(f"transposed conv with stride {stride} on a tensor at stride {input.stride}")
@@ -178,9 +187,9 @@ def _transposed(input: SparseTensor, kernel, kernel_size, stride, dilation, bias
         raise ValueError("transposed conv: the input's coordinates are not the outputs of the conv whose map it "
                          f"reuses ({input.coords.shape[0]} rows vs {coarse.shape[0]})")
     g = kmap.geometry
-    lib_in = LibraryTensor._derive(input.feats, coarse, input.stride, kmap.out_range, caches.library)
-    lib_out = library_conv3d(lib_in, kernel, kernel_size, bias, g.stride, g.dilation, g.padding, transposed=True,
+    lib_in = LibraryTensor._derive(feats, coarse, input.stride, kmap.out_range, caches.library)
+    lib_out = library_conv3d(lib_in, kernel, kernel_size, None, g.stride, g.dilation, g.padding, transposed=True,
                              config=configs)
     recorded = caches.cmaps.get(fine_stride)
     fine_range = recorded[1] if recorded is not None and recorded[0] is lib_out.C else None
-    return _derived(lib_out.F, lib_out.C, fine_stride, fine_range, caches)
+    return _derived(_with_bias(lib_out.F, bias), lib_out.C, fine_stride, fine_range, caches)
