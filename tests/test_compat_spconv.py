@@ -301,6 +301,37 @@ def test_alias_runs_unchanged_spconv_code():
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
+def test_alias_gives_spconvs_surface():
+    """The names client code reads besides the layers: OpenPCDet's version check and constant,
+    spconv's tests' imports, the voxel generators."""
+    done = _python("""
+        from torchsparse_pp.compat import alias
+        alias("spconv")
+        import spconv
+        assert spconv.__version__ == "2.3.8" and float(spconv.__version__[2:]) >= 2.2
+        import torchsparse_pp
+        assert spconv.__torchsparse_pp_version__ == torchsparse_pp.__version__
+        assert spconv.SPCONV_VERSION_NUMBERS == [2, 3, 8]
+        spconv.constants.SPCONV_USE_DIRECT_TABLE = False
+        from spconv.constants import ALL_WEIGHT_IS_KRSC, FILTER_HWIO
+        assert ALL_WEIGHT_IS_KRSC is True and FILTER_HWIO is False
+        from spconv.core import AlgoHint, ConvAlgo
+        assert ConvAlgo.Native.value == 0 and AlgoHint.BackwardWeight.value == 4
+        from spconv.test_utils import TestCase, generate_sparse_data, params_grid
+        assert params_grid([1, 2], "ab") == [[1, "a"], [1, "b"], [2, "a"], [2, "b"]]
+        data = generate_sparse_data([5, 6, 7], [20, 10], 3)
+        assert data["indices"].shape == (30, 4) and data["features_dense"].shape == (2, 3, 5, 6, 7)
+        from spconv.utils import Point2VoxelCPU3d, Point2VoxelCPU4d
+        from spconv.pytorch.utils import PointToVoxel, gather_features_by_pc_voxel_id
+        assert Point2VoxelCPU3d([0.1] * 3, [0, 0, 0, 1, 1, 1], 4, 10, 2).grid_size == [10, 10, 10]
+        import sys
+        assert all(m.__name__.startswith("torchsparse_pp.compat.spconv") for n, m in sys.modules.items()
+                   if n.split(".")[0] == "spconv"), "a module of the real spconv was imported"
+        print("ok")
+    """)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
 def test_alias_after_real_import_raises():
     done = _python("""
         import spconv.pytorch
