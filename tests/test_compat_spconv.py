@@ -97,6 +97,8 @@ LAYERS = {
     "down_subm_inverse": lambda ns: ns.SparseSequential(
         ns.SparseConv3d(5, 6, 3, 2, 1, bias=False, indice_key="d"), ns.SubMConv3d(6, 6, 3, indice_key="s"),
         ns.SubMConv3d(6, 6, 3, indice_key="s"), ns.SparseInverseConv3d(6, 4, 3, indice_key="d", bias=True)),
+    "transposed_inverse": lambda ns: ns.SparseSequential(
+        ns.SparseConvTranspose3d(5, 6, 3, 2, 1, bias=False, indice_key="t"), ns.SparseInverseConv3d(6, 4, 3, indice_key="t")),
     "pool_inverse": lambda ns: ns.SparseSequential(
         ns.SparseMaxPool3d(2, 2, indice_key="p"), ns.SparseInverseConv3d(5, 3, 2, indice_key="p", bias=False)),
 }

@@ -48,15 +48,17 @@ def strided(x: SparseConvTensor, geometry: ConvGeometry, op: MapOp):
 
 
 def inverse(x: SparseConvTensor, datas: IndiceData, op: MapOp):
-    """The exact transpose of the strided layer that recorded ``datas``, back on its input indices."""
+    """The exact transpose of the layer that recorded ``datas``, back on its input indices: a
+    strided layer's map run backwards, a transposed layer's (generative, fine -> coarse) forwards."""
     kmap = datas.kmap
-    if kmap is None or kmap.mode != "spconv":
-        raise NotImplementedError("an inverse conv needs the key of a SparseConv / SparseMaxPool / SparseAvgPool "
-                                  "layer (not of a transposed conv)")
-    back = torch.argsort(datas.order)  # spconv row j holds the map's output order[j]
-    feats = x.features.index_select(0, back)
-    coarse = SparseTensor._derive(feats, kmap.out_coords, kmap.geometry.stride, kmap.out_range, datas.state.cache)
-    return op(coarse, kmap, True), datas.indices
+    backwards = kmap.mode == "spconv"
+    # spconv row j holds the layer's output order[j]: the map's outputs, or a generative map's inputs.
+    feats = x.features.index_select(0, torch.argsort(datas.order))
+    if backwards:
+        source = SparseTensor._derive(feats, kmap.out_coords, kmap.geometry.stride, kmap.out_range, datas.state.cache)
+    else:
+        source = SparseTensor._derive(feats, kmap.in_coords, (1, 1, 1), kmap.in_range, datas.state.cache)
+    return op(source, kmap, backwards), datas.indices
 
 
 def transposed(x: SparseConvTensor, geometry: ConvGeometry, op: LibraryOp):
