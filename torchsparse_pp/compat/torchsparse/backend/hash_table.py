@@ -124,8 +124,9 @@ class _HashTable:
         sizes, steps = _int_triple(kernel_sizes, "kernel_sizes"), _int_triple(strides, "strides")
         if min(sizes) < 1:
             raise ValueError(f"kernel_sizes must be >= 1, got {sizes}")
-        if not isinstance(kernel_volume, int) or kernel_volume < 0:
-            raise ValueError(f"kernel_volume must be an int >= 0, got {kernel_volume!r}")
+        if isinstance(kernel_volume, bool) or not hasattr(kernel_volume, "__index__") or int(kernel_volume) < 0:
+            raise ValueError(f"kernel_volume must be an integer >= 0, got {kernel_volume!r}")
+        kernel_volume = int(kernel_volume)  # SPVNAS passes numpy's product
         keys = self._coord_keys(kernel_rows(coords, sizes, steps, kernel_volume))
         return self._lookup(keys, coords.shape[0])
 
