@@ -131,3 +131,18 @@ def test_train_spvcnn_with_the_cli(tmp_path, capsys):
     assert "mIoU" in out
     assert main(["eval", "--config", str(config), "--checkpoint", str(tmp_path / "run" / "last.pt")]) == 0
     assert "mIoU" in capsys.readouterr().out
+
+
+def test_spvcnn_takes_a_sparse_tensor_of_points(seed):
+    """As SPVNAS's SPVCNN: a SparseTensor of point coordinates (voxel units, rows may repeat a
+    voxel) gives the logits of the PointTensor of those points, in its row order."""
+    coords, feats = scan_points(seed, crop=3.0, batch=2)
+    cells = torch.cat([coords[:, :1], torch.floor(coords[:, 1:])], 1).int()
+    model = SPVCNN(4, 5, 0.25).double().eval()
+    with torch.no_grad():
+        got = model(SparseTensor(feats, cells))
+        want = model(PointTensor(feats, cells.double()))
+    assert torch.equal(got, want) and got.shape == (len(cells), 5)
+    assert len(torch.unique(cells, dim=0)) < len(cells)  # several points per voxel
+    with pytest.raises(TypeError, match="PointTensor or a SparseTensor"):
+        model(feats)

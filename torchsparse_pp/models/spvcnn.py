@@ -10,6 +10,7 @@ from torch import nn
 
 from ..operators import cat
 from ..point import PointTensor, initial_voxelize, point_to_voxel, voxel_to_point
+from ..tensor import SparseTensor
 from ..utils.cpu_bf16 import dense_autocast
 from .minkunet import MinkUNet
 
@@ -18,10 +19,18 @@ def _point_mlp(c_in: int, c_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(c_in, c_out), nn.BatchNorm1d(c_out), nn.ReLU(True))
 
 
+def points_of(x: SparseTensor) -> PointTensor:
+    """The points of a SparseTensor of point coordinates (SPVNAS's input): its integer
+    coordinates as point coordinates, in float64 for float64 features, else float32."""
+    dtype = torch.float64 if x.F.dtype == torch.float64 else torch.float32
+    return PointTensor(x.F, x.C.to(dtype))
+
+
 class SPVCNN(MinkUNet):
     """``forward`` takes a PointTensor: ``in_channels`` features per point at float coordinates
-    ``(batch, x, y, z)`` in voxel units (point p lies in voxel floor(p)), and returns logits
-    ``[N_points, num_classes]`` in the input's row order."""
+    ``(batch, x, y, z)`` in voxel units (point p lies in voxel floor(p)), or, as SPVNAS's SPVCNN,
+    a SparseTensor whose coordinates are the points' (voxel units; rows may share a voxel), and
+    returns logits ``[N_points, num_classes]`` in the input's row order."""
 
     def __init__(self, in_channels: int = 4, num_classes: int = 19, cr: float = 1.0, dropout: float = 0.3):
         super().__init__(in_channels, num_classes, cr)
@@ -40,9 +49,11 @@ class SPVCNN(MinkUNet):
         z_next = voxel_to_point(y, z)
         return y, z_next.replace_feats(z_next.F + dense_autocast(self.point_transforms[transform], z.F))
 
-    def forward(self, z: PointTensor) -> torch.Tensor:
+    def forward(self, z) -> torch.Tensor:
+        if isinstance(z, SparseTensor):
+            z = points_of(z)
         if not isinstance(z, PointTensor):
-            raise TypeError(f"SPVCNN expects a PointTensor, got {type(z).__name__}")
+            raise TypeError(f"SPVCNN expects a PointTensor or a SparseTensor of points, got {type(z).__name__}")
         if z.F.shape[1] != self.in_channels:
             raise ValueError(f"SPVCNN was built for {self.in_channels} input channels, got {z.F.shape[1]}")
         x0 = self.stem(initial_voxelize(z))
