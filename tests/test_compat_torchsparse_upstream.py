@@ -7,6 +7,8 @@ holds the mean absolute / relative differences to 1e-4 / 1e-2; test_to_dense che
 import functools
 import importlib
 import importlib.util
+import math
+import subprocess
 import sys
 import unittest
 from pathlib import Path
@@ -45,3 +47,20 @@ def test_torchsparse_test_passes_on_cpu(case, method, upstream_tests):
     getattr(upstream_tests, case)(method).run(result)
     assert result.wasSuccessful(), "".join(text for _, text in result.failures + result.errors)
     assert result.testsRun == 1
+
+
+def test_example_py_trains_on_cpu_and_names_its_mixed_dtype_inference(tmp_path):
+    """examples/example.py as a user runs it on a CPU (``--device cpu``, its own option): its 50
+    training steps run; its inference feeds float16 inputs to the float32 model inside
+    torch.cuda.amp.autocast, which does nothing without CUDA, and its last conv (1x1x1, 2.1's
+    plain matmul) then raises an error that says so (2.1 needs CUDA for the other convs)."""
+    example = TESTS.parent / "examples" / "example.py"
+    if not example.is_file():
+        pytest.skip(f"torchsparse's examples/example.py is not at {example}")
+    script = ("from torchsparse_pp.compat import alias\nalias('torchsparse')\nimport runpy, sys\n"
+              f"sys.argv = ['example.py', '--device', 'cpu']\nrunpy.run_path({str(example)!r}, run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+    steps = [line for line in done.stdout.splitlines() if line.startswith("[step ")]
+    assert len(steps) == 50 and all(math.isfinite(float(line.split("= ")[1])) for line in steps), done.stderr[-2000:]
+    assert done.returncode != 0 and "[inference step" not in done.stdout
+    assert "TypeError: a 1x1x1 stride-1 conv is torchsparse 2.1's feats.matmul(kernel)" in done.stderr

@@ -64,6 +64,14 @@ def _operands(feats: torch.Tensor, weight: torch.Tensor):
     return feats, weight
 
 
+def _check_matmul_dtypes(feats: torch.Tensor, weight: torch.Tensor) -> None:
+    if feats.dtype != weight.dtype and not torch.is_autocast_enabled(feats.device.type):
+        raise TypeError(f"a 1x1x1 stride-1 conv is torchsparse 2.1's feats.matmul(kernel), which needs one dtype: got "
+                        f"{feats.dtype} features and a {weight.dtype} kernel (on GPUs 2.1's users rely on CUDA "
+                        "autocast to cast them, which does nothing on the CPU: convert the model, e.g. model.half(), "
+                        "or use torch.autocast('cpu', dtype=...))")
+
+
 def _with_bias(feats: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """2.1's in-place ``feats += bias``: the sum in the features' dtype."""
     return feats if bias is None else (feats + bias).to(feats.dtype)
@@ -124,6 +132,7 @@ def conv3d(input: SparseTensor, weight: torch.Tensor, kernel_size, bias: Optiona
     if kernel_size == (1, 1, 1) and stride == (1, 1, 1):
         if weight.dim() != 2:
             raise ValueError(f"a 1x1x1 stride-1 kernel is [C_in, C_out] in torchsparse 2.1, got {tuple(weight.shape)}")
+        _check_matmul_dtypes(input.feats, weight)
         feats = _with_bias(input.feats.matmul(weight), bias)
         return _derived(feats, input.coords, input.stride, input.spatial_range, caches)
     if weight.dim() != 3:
