@@ -50,9 +50,7 @@ def scatter_sum(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Opti
     return _scatter(src, index, dim, out, dim_size, "sum")[0]
 
 
-def scatter_add(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Optional[torch.Tensor] = None,
-                dim_size: Optional[int] = None) -> torch.Tensor:
-    return _scatter(src, index, dim, out, dim_size, "sum")[0]
+scatter_add = scatter_sum  # torch_scatter's other name of the sum
 
 
 def scatter_mul(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: Optional[torch.Tensor] = None,

@@ -63,9 +63,7 @@ def segment_sum_coo(src: torch.Tensor, index: torch.Tensor, out: Optional[torch.
     return _segment_coo(src, index, out, dim_size, "sum")[0]
 
 
-def segment_add_coo(src: torch.Tensor, index: torch.Tensor, out: Optional[torch.Tensor] = None,
-                    dim_size: Optional[int] = None) -> torch.Tensor:
-    return _segment_coo(src, index, out, dim_size, "sum")[0]
+segment_add_coo = segment_sum_coo
 
 
 def segment_mean_coo(src: torch.Tensor, index: torch.Tensor, out: Optional[torch.Tensor] = None,

@@ -70,8 +70,7 @@ def segment_sum_csr(src: torch.Tensor, indptr: torch.Tensor, out: Optional[torch
     return _segment_csr(src, indptr, out, "sum")[0]
 
 
-def segment_add_csr(src: torch.Tensor, indptr: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    return _segment_csr(src, indptr, out, "sum")[0]
+segment_add_csr = segment_sum_csr
 
 
 def segment_mean_csr(src: torch.Tensor, indptr: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
