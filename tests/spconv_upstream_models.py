@@ -243,7 +243,7 @@ def run_model(name: str, peer: str, inputs_path: str, out_path: str) -> None:
     if peer == "real":
         _cpu_backward_stream()
         _randomise(model, inputs["seed"])
-        state = model.state_dict()
+        state = {k: v.clone() for k, v in model.state_dict().items()}  # before training-mode BatchNorm moves it
     else:
         state = inputs["state_dict"]
         model.load_state_dict(state, strict=True)
