@@ -10,7 +10,7 @@ import torchsparse_pp as tsp
 from torchsparse_pp import nn as spnn
 from torchsparse_pp.nn.functional import ConvConfig, PassConfigs
 from dataflow_cases import GEOMETRIES, make_input, run_oracle, run_ours, volume
-from precision import assert_as_accurate_as_rounded, assert_rounded_once
+from precision import assert_as_accurate_as_plain, assert_as_accurate_as_rounded, assert_rounded_once
 
 FP16_ROUNDING = 2.0 ** -11  # float16's unit roundoff (11 significant bits)
 CONFIGS = {"gather_scatter": ConvConfig("gather_scatter"), "fetch_on_demand": ConvConfig("fetch_on_demand"),
@@ -66,3 +66,24 @@ def test_float16_layers_around_convs(layer, gen):
     got, ref = (ours, reference) if isinstance(ours, torch.Tensor) else (ours.F, reference.F)
     assert got.dtype == torch.float16
     assert_rounded_once(got, ref, rounding=FP16_ROUNDING, what=f"float16 {layer}")
+
+
+def test_torchsparse_adapter_casts_to_float16_as_2_1(gen):
+    """torchsparse 2.1's rule: float16 features with a float32 kernel compute in float16 (both
+    cast), the output is float16 and the float32 bias is added into it (``feats += bias``); the
+    kernel's gradient comes back in its own dtype."""
+    from torchsparse_pp.compat import torchsparse
+    from torchsparse_pp.compat.torchsparse.nn.functional.conv import library_kernel
+    from oracle import reference_conv
+
+    coords = torch.unique(torch.randint(0, 8, (300, 4), generator=gen) % torch.tensor([2, 8, 8, 8]), dim=0).int()
+    feats = torch.randn(len(coords), 4, generator=gen).half()
+    conv = torchsparse.nn.Conv3d(4, 3, 3, bias=True)
+    out = conv(torchsparse.SparseTensor(feats, coords))
+    assert out.F.dtype == torch.float16
+    kernel = library_kernel(conv.kernel.detach().half().double(), (3, 3, 3))
+    exact = reference_conv(coords, feats.double(), kernel, coords, 3, 1, 1, 1)
+    plain = (exact.half().double() + conv.bias.detach().double()).half()  # 2.1 rounds the conv, then the sum
+    assert_as_accurate_as_plain(out.F, plain, exact + conv.bias.detach().double(), what="2.1 float16 rule")
+    out.F.float().sum().backward()
+    assert conv.kernel.grad.dtype == torch.float32 and conv.bias.grad.dtype == torch.float32
