@@ -405,20 +405,31 @@ def test_synth_cli_semantickitti(tmp_path, seed, capsys):
 
 
 def test_synth_nuscenes(tmp_path, seed):
+    """Key frames are the sequence generator's sweeps (turned into the nuScenes LiDAR frame: same
+    ranges), with the stuff labels mapped to their challenge classes and object points to theirs."""
+    from torchsparse_pp.data.synth_nuscenes import KEY_INTERVAL_SWEEPS, SWEEP_INTERVAL
+    from torchsparse_pp.data.synthetic_sequence import generate_sequence
+
     seed = seed % 1000
-    write_synthetic(tmp_path, "nuscenes", scans=1, seed=seed, progress=False)
-    for split, frame_no in (("train", 0), ("val", 1)):
+    write_synthetic(tmp_path, "nuscenes", scans=1, seed=seed, progress=False, sweeps=2)
+    for number, split in enumerate(("train", "val")):
         ds = NuScenesLidarSeg(tmp_path, split, voxel_size=0.2)
         tables = NuScenesLidarSeg.from_tables(tmp_path, "v1.0-synth", 0.2, scenes=[f"synth-{split}"])
         assert ds.frames == tables.frames and len(ds) == 1
         frame = ds.read_frame(0)
-        scan = generate_scan(32, seed=seed + frame_no)
-        assert np.allclose(frame["points"][:, :3], scan["points"][:, :3])
-        assert np.allclose(frame["points"][:, 3], scan["points"][:, 3] * 255, atol=1e-3)
+        seq = generate_sequence("nuscenes32", seed + number, [-SWEEP_INTERVAL, 0.0])
+        key = seq.points[1]
+        assert np.allclose(np.linalg.norm(frame["points"][:, :3], axis=1), np.linalg.norm(key[:, :3], axis=1),
+                           atol=1e-4)
+        assert np.allclose(frame["points"][:, 3], key[:, 3] * 255, atol=1e-3)
         ring = frame["points"][:, 4]
         assert set(np.unique(ring)) <= set(range(32)) and len(np.unique(ring)) > 20
-        expected = [nuscenes.CLASS_NAMES.index(GENERATOR_TO_NUSC[int(r)]) for r in scan["labels"]]
-        assert np.array_equal(frame["labels"], expected)
+        stuff = seq.instances[1] < 0
+        expected = [nuscenes.CLASS_NAMES.index(GENERATOR_TO_NUSC[int(r)]) for r in seq.labels[1][stuff]]
+        assert np.array_equal(frame["labels"][stuff], expected)
+        objects = set(frame["labels"][~stuff].tolist())
+        assert objects <= {nuscenes.CLASS_NAMES.index("car"), nuscenes.CLASS_NAMES.index("pedestrian"), 255}
+    assert KEY_INTERVAL_SWEEPS == 10
     assert len(NuScenesLidarSeg.from_tables(tmp_path, "v1.0-synth")) == 2
     with pytest.raises(TypeError, match="must be a list"):
         NuScenesLidarSeg.from_tables(tmp_path, "v1.0-synth", scenes="synth-val")
@@ -446,7 +457,7 @@ def test_synth_arguments(tmp_path, capsys):
         write_synthetic(tmp_path / "a", "kitti")
     with pytest.raises(ValueError, match="scans must be a positive int"):
         write_synthetic(tmp_path / "b", scans=0)
-    assert cli_main(["synth", "--out", str(tmp_path / "c"), "--format", "waymo"]) == 2
+    assert cli_main(["synth", "--out", str(tmp_path / "c"), "--format", "kitti360"]) == 2
     assert "argument --format: invalid choice" in capsys.readouterr().err
 
 

@@ -77,7 +77,8 @@ def _convert(args) -> int:
 def _synth(args) -> int:
     from torchsparse_pp.data.synth import write_synthetic
 
-    counts = write_synthetic(args.out, format=args.format, scans=args.scans, seed=args.seed)
+    extra = {} if args.sweeps is None else {"sweeps": args.sweeps}
+    counts = write_synthetic(args.out, format=args.format, scans=args.scans, seed=args.seed, **extra)
     splits = ", ".join(f"{split} {n}" for split, n in counts.items())
     print(f"wrote a synthetic {args.format} dataset to {args.out} ({splits} scans)")
     return 0
@@ -122,9 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     command("info", _info, "print versions and available kernels")
     synth = command("synth", _synth, "write a synthetic LiDAR dataset in a real on-disk format")
     synth.add_argument("--out", required=True, help="new or empty directory to write into")
-    synth.add_argument("--format", default="semantickitti", choices=("semantickitti", "nuscenes", "detection"))
-    synth.add_argument("--scans", type=positive_int, default=2, help="scans per split (train and val)")
-    synth.add_argument("--seed", type=non_negative_int, default=0, help="scan k uses seed + k")
+    synth.add_argument("--format", default="semantickitti", choices=("semantickitti", "nuscenes", "detection", "waymo"))
+    synth.add_argument("--scans", type=positive_int, default=2, help="scans (key frames) per split (train and val)")
+    synth.add_argument("--seed", type=non_negative_int, default=0,
+                       help="scan k uses seed + k (nuscenes, waymo: split s's sequence uses seed + s)")
+    synth.add_argument("--sweeps", type=positive_int, default=None,
+                       help="nuscenes: sweeps per key-frame interval (default 10, 20 Hz sweeps and 2 Hz key frames)")
     return parser
 
 

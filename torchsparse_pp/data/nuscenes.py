@@ -15,10 +15,12 @@ Which files form a split comes from either
 - the nuScenes tables (``NuScenesLidarSeg.from_tables``): ``ROOT/<version>/lidarseg.json``
   (``sample_data_token``, ``filename``) joined with ``sample_data.json`` (``token``,
   ``filename``); a ``scenes`` filter by scene name also reads ``sample.json`` and ``scene.json``.
+
+Multi-sweep frames (``sweeps=N``) also read ``ego_pose``, ``calibrated_sensor`` and ``sensor``
+(see ``nuscenes_sweeps``).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -26,6 +28,8 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from ..io import drop_nonfinite, read_bin
+from .nuscenes_sweeps import SWEEP_COLUMNS, check_sweeps, merge_sweeps, sweep_chain
+from .nuscenes_tables import NuScenesTables
 from .transforms import Voxelize
 
 __all__ = ["NuScenesLidarSeg", "CLASS_NAMES", "RAW_CLASS_NAMES", "LEARNING_MAP", "IGNORE_INDEX", "map_labels",
@@ -121,112 +125,155 @@ def read_index(root: Union[str, Path], split: str) -> List[Tuple[Path, Path]]:
     return pairs
 
 
-def _load_table(path: Path) -> list:
-    if not path.is_file():
-        raise FileNotFoundError(f"nuScenes table {str(path)!r} does not exist")
-    try:
-        table = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"nuScenes table {str(path)!r} is not valid JSON: {err}") from err
-    if not isinstance(table, list):
-        raise ValueError(f"nuScenes table {str(path)!r} must hold a JSON list of records")
-    return table
-
-
-def _field(record: dict, key: str, table: str):
-    if not isinstance(record, dict) or key not in record:
-        raise ValueError(f"a record of {table} lacks the field {key!r}: {record!r}")
-    return record[key]
-
-
 def read_tables(root: Union[str, Path], version: str,
                 scenes: Optional[Iterable[str]] = None) -> List[Tuple[Path, Path]]:
     """(points, labels) file pairs of every lidarseg record in ``ROOT/<version>/``, optionally only
     those of the named scenes; in the order of lidarseg.json."""
-    root = Path(root)
-    tables = root / version
-    if not tables.is_dir():
-        raise FileNotFoundError(f"nuScenes tables directory {str(tables)!r} does not exist")
-    lidarseg = _load_table(tables / "lidarseg.json")
-    sample_data = {_field(r, "token", "sample_data.json"): r for r in _load_table(tables / "sample_data.json")}
+    return [(points, labels) for points, labels, _ in _table_frames(_lidarseg_tables(root, version, scenes), scenes)]
 
+
+def _lidarseg_tables(root: Union[str, Path], version: str, scenes, sweeps: bool = False) -> NuScenesTables:
+    names = ["lidarseg", "sample_data"]
+    if scenes is not None:
+        names += ["sample", "scene"]
+    if sweeps:
+        names += ["ego_pose", "calibrated_sensor", "sensor"]
+    return NuScenesTables(root, version, names)
+
+
+def _table_frames(tables: NuScenesTables, scenes) -> List[Tuple[Path, Path, str]]:
+    """(points, labels, sample_data token) of each lidarseg record (of the scenes), in file order."""
     keep_samples = None
     if scenes is not None:
-        if isinstance(scenes, str):
-            raise TypeError(f"scenes must be a list of scene names, e.g. ['scene-0061'], got {scenes!r}")
-        wanted = set(scenes)
-        scene_rows = _load_table(tables / "scene.json")
-        names = {_field(r, "name", "scene.json") for r in scene_rows}
-        unknown = sorted(wanted - names)
-        if unknown:
-            raise ValueError(f"unknown scenes {unknown[:5]} (the tables list {len(names)} scenes)")
-        scene_tokens = {_field(r, "token", "scene.json") for r in scene_rows if r["name"] in wanted}
-        keep_samples = {_field(r, "token", "sample.json") for r in _load_table(tables / "sample.json")
-                        if _field(r, "scene_token", "sample.json") in scene_tokens}
-
-    pairs = []
-    for record in lidarseg:
-        token = _field(record, "sample_data_token", "lidarseg.json")
-        if token not in sample_data:
-            raise ValueError(f"lidarseg.json refers to sample_data {token!r}, which sample_data.json lacks")
-        sd = sample_data[token]
-        if keep_samples is not None and _field(sd, "sample_token", "sample_data.json") not in keep_samples:
+        scene_tokens = set(tables.scene_tokens(scenes))
+        keep_samples = {t for t, r in tables.tables["sample"].items()
+                        if tables.value("sample", r, "scene_token") in scene_tokens}
+    frames = []
+    for record in tables.tables["lidarseg"].values():
+        token = tables.value("lidarseg", record, "sample_data_token")
+        sd = tables.get("sample_data", token, f"lidarseg record {record['token']!r}")
+        if keep_samples is not None and tables.value("sample_data", sd, "sample_token") not in keep_samples:
             continue
-        pairs.append((_inside_root(root, _field(sd, "filename", "sample_data.json"), "sample_data.json"),
-                      _inside_root(root, _field(record, "filename", "lidarseg.json"), "lidarseg.json")))
-    if not pairs:
-        raise ValueError(f"no lidarseg frames in {str(tables)!r}" + (f" for scenes {sorted(wanted)}"
-                                                                    if scenes is not None else ""))
-    return pairs
+        frames.append((_inside_root(tables.root, tables.value("sample_data", sd, "filename"), "sample_data.json"),
+                       _inside_root(tables.root, tables.value("lidarseg", record, "filename"), "lidarseg.json"),
+                       token))
+    if not frames:
+        raise ValueError(f"no lidarseg frames in {str(tables.dir)!r}" + (f" for scenes {sorted(scenes)}"
+                                                                        if scenes is not None else ""))
+    return frames
+
+
+def _index_tokens(tables: NuScenesTables, pairs: List[Tuple[Path, Path]], index: str) -> List[str]:
+    """The sample_data token of each (points, labels) pair of an index file, checked against the
+    tables: the points file must be a sample_data record's and the labels its lidarseg record's."""
+    by_file = {(tables.root / tables.value("sample_data", r, "filename")).resolve(): t
+               for t, r in tables.tables["sample_data"].items()}
+    labels_of = {tables.value("lidarseg", r, "sample_data_token"):
+                 (tables.root / tables.value("lidarseg", r, "filename")).resolve()
+                 for r in tables.tables["lidarseg"].values()}
+    tokens = []
+    for points, labels in pairs:
+        token = by_file.get(points.resolve())
+        if token is None:
+            raise ValueError(f"{index} lists {str(points)!r}, which no record of {tables.file('sample_data')} names")
+        if labels_of.get(token) != labels.resolve():
+            raise ValueError(f"{index} pairs {str(points)!r} with {str(labels)!r}, but "
+                             f"{tables.file('lidarseg')} gives that sweep the labels {str(labels_of.get(token))!r}")
+        tokens.append(token)
+    return tokens
 
 
 class NuScenesLidarSeg(Dataset):
-    """nuScenes-lidarseg sweeps as voxelised samples (see ``transforms.Voxelize`` for the keys).
+    """nuScenes-lidarseg key frames as voxelised samples (see ``transforms.Voxelize`` for the keys).
 
     Features are the file's (x, y, z, intensity, ring) columns of each voxel's first point
     (intensity as stored, 0..255 in nuScenes). Construct from an index file with
     ``NuScenesLidarSeg(root, split)`` or from the nuScenes tables with ``from_tables``.
+
+    ``sweeps=N`` (N > 1) adds the N - 1 sweeps before each key frame (``nuscenes_sweeps``: in
+    the key frame's LiDAR frame), with a sixth column, the time lag in seconds (0 on the key
+    frame). Labels exist for the key frame only: the points of earlier sweeps get IGNORE_INDEX.
+    Key-frame points come first, so a voxel holding any is represented (and labelled) by one.
+    Sweeps need the tables: ``version`` (e.g. "v1.0-trainval") names them for an index file;
+    given without sweeps, the index is checked against them.
     """
 
     def __init__(self, root: Union[str, Path], split: str = "train", voxel_size: Union[float, Sequence[float]] = 0.1,
-                 transforms: Optional[Callable] = None):
+                 transforms: Optional[Callable] = None, *, sweeps: int = 1, version: Optional[str] = None):
         root = Path(root)
         if not root.is_dir():
             raise FileNotFoundError(f"nuScenes root {str(root)!r} does not exist")
-        self._setup(root, split, read_index(root, split), voxel_size, transforms)
+        check_sweeps(sweeps)
+        pairs = read_index(root, split)
+        tokens, tables = None, None
+        if version is not None:
+            tables = _lidarseg_tables(root, version, None, sweeps=sweeps > 1)
+            tokens = _index_tokens(tables, pairs, str(root / "splits" / f"{split}.txt"))
+        elif sweeps > 1:
+            raise ValueError(f"sweeps={sweeps} needs the nuScenes tables for the prev chains: pass version "
+                             "(the tables directory under the root, e.g. 'v1.0-trainval')")
+        self._setup(root, split, pairs, tokens, tables, sweeps, voxel_size, transforms)
 
     @classmethod
     def from_tables(cls, root: Union[str, Path], version: str, voxel_size: Union[float, Sequence[float]] = 0.1,
                     transforms: Optional[Callable] = None, *,
-                    scenes: Optional[Iterable[str]] = None) -> "NuScenesLidarSeg":
+                    scenes: Optional[Iterable[str]] = None, sweeps: int = 1) -> "NuScenesLidarSeg":
         """Every lidarseg frame of ``ROOT/<version>`` (``scenes``: only these scene names)."""
         root = Path(root)
         if not root.is_dir():
             raise FileNotFoundError(f"nuScenes root {str(root)!r} does not exist")
+        check_sweeps(sweeps)
+        tables = _lidarseg_tables(root, version, scenes, sweeps=sweeps > 1)
+        frames = _table_frames(tables, scenes)
         dataset = cls.__new__(cls)
-        dataset._setup(root, version, read_tables(root, version, scenes), voxel_size, transforms)
+        dataset._setup(root, version, [(p, l) for p, l, _ in frames], [t for _, _, t in frames], tables, sweeps,
+                       voxel_size, transforms)
         return dataset
 
-    def _setup(self, root: Path, name: str, frames: List[Tuple[Path, Path]], voxel_size, transforms) -> None:
-        self.root, self.split, self.frames = root, name, frames
+    def _setup(self, root: Path, name: str, frames: List[Tuple[Path, Path]], tokens: Optional[List[str]],
+               tables: Optional[NuScenesTables], sweeps: int, voxel_size, transforms) -> None:
+        self.root, self.split, self.frames, self.tokens = root, name, frames, tokens
+        self.tables, self.sweeps = tables, sweeps
         self.transforms = transforms
         self.voxelize = Voxelize(voxel_size)
+
+    @property
+    def point_features(self) -> int:
+        """Columns per point: x, y, z, intensity, ring (and the time lag with sweeps > 1)."""
+        return SWEEP_COLUMNS + (self.sweeps > 1)
 
     def __len__(self) -> int:
         return len(self.frames)
 
     def read_frame(self, index: int) -> Dict[str, object]:
-        """The raw frame: ``points`` [N, 5], ``labels`` (training classes), ``raw_labels``.
-        Points holding NaN or Inf are dropped with their labels (a NonFiniteWarning counts them)."""
+        """The raw frame: ``points`` [N, 5] (or [N, 6] with sweeps), ``labels`` (training classes),
+        ``raw_labels`` (the key frame's raw ids). Points holding NaN or Inf are dropped with their
+        labels (a NonFiniteWarning counts them)."""
         points_file, labels_file = self.frames[index]
-        points = read_bin(points_file, columns=5)
-        raw = read_bin(labels_file, columns=1, dtype=np.uint8).reshape(-1)
-        if len(raw) != len(points):
-            raise ValueError(f"label file {str(labels_file)!r} has {len(raw)} labels but "
-                             f"{str(points_file)!r} has {len(points)} points")
+        if self.sweeps > 1:
+            return self._read_sweeps(index)
+        points = read_bin(points_file, columns=SWEEP_COLUMNS)
+        raw = self._raw_labels(labels_file, points_file, len(points))
         labels = map_labels(raw)
         points, labels, raw = drop_nonfinite(points, points_file, "drop", labels, raw)
         return {"points": points, "labels": labels, "raw_labels": raw, "file": str(points_file)}
+
+    def _raw_labels(self, labels_file: Path, points_file: Path, count: int) -> np.ndarray:
+        raw = read_bin(labels_file, columns=1, dtype=np.uint8).reshape(-1)
+        if len(raw) != count:
+            raise ValueError(f"label file {str(labels_file)!r} has {len(raw)} labels but "
+                             f"{str(points_file)!r} has {count} points")
+        return raw
+
+    def _read_sweeps(self, index: int) -> Dict[str, object]:
+        points_file, labels_file = self.frames[index]
+        chain = sweep_chain(self.tables, self.tokens[index], self.sweeps)
+        points, key_count, key_finite = merge_sweeps(chain)
+        raw = self._raw_labels(labels_file, points_file, len(key_finite))[key_finite]
+        labels = np.full(len(points), IGNORE_INDEX, dtype=np.uint8)
+        labels[:key_count] = map_labels(raw)
+        return {"points": points, "labels": labels, "raw_labels": raw, "file": str(points_file),
+                "sweeps": len(chain)}
 
     def __getitem__(self, index: int) -> Dict[str, object]:
         frame = self.read_frame(index)
@@ -236,4 +283,5 @@ class NuScenesLidarSeg(Dataset):
         return self.voxelize(frame)
 
     def __repr__(self) -> str:
-        return f"NuScenesLidarSeg(root={str(self.root)!r}, split={self.split!r}, frames={len(self)}, {self.voxelize!r})"
+        return (f"NuScenesLidarSeg(root={str(self.root)!r}, split={self.split!r}, frames={len(self)}, "
+                f"sweeps={self.sweeps}, {self.voxelize!r})")

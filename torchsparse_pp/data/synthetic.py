@@ -87,8 +87,19 @@ BEAM_PATTERNS: dict[str, dict] = {
         "sensor_height": 1.84,
         "max_range": 70.0,
     },
+    # Waymo's top LiDAR (64 beams, +2.4 to -17.6 deg, a 64 x 2650 range image, 75 m).
+    "waymo64": {
+        "beams": 64,
+        "fov_up": 2.4,
+        "fov_down": -17.6,
+        "blocks": ((64, 2.4, -17.6),),
+        "azimuth_steps": 2650,
+        "sensor_height": 2.18,
+        "max_range": 75.0,
+    },
 }
-_PATTERN_BY_BEAMS = {p["beams"]: name for name, p in BEAM_PATTERNS.items()}
+# generate_scan's patterns by beam count (other patterns are chosen by name: synthetic_sequence).
+_PATTERN_BY_BEAMS = {64: "hdl64", 32: "nuscenes32"}
 
 # A returned box needs this many points, otherwise it is fully occluded / out of range.
 MIN_BOX_POINTS = 5
@@ -148,7 +159,7 @@ def _build_scene(rng: np.random.Generator, extent: float, height: float):
     # Road cross section (road frame, centre 0): optional parking strips at the
     # curbs, driving lanes in between. The ego vehicle drives in one lane.
     s.rh = u(3.5, 8.0)
-    park = 2.3 if s.rh >= 5.0 else 0.0
+    park = s.park = 2.3 if s.rh >= 5.0 else 0.0
     n_lanes = max(1, int((2 * s.rh - 2 * park) // 3.2))
     lane_w = (2 * s.rh - 2 * park) / n_lanes
     lanes = [-s.rh + park + (i + 0.5) * lane_w for i in range(n_lanes)]
@@ -488,44 +499,16 @@ def generate_scan(beams: int = 64, seed: int | None = None, *, max_range: float 
         raise ValueError(f"max_range must be positive, got {max_range!r}")
     rng = np.random.default_rng(seed)
 
-    # Sensor: nominal angles plus per-beam calibration error and per-ray jitter.
-    n_az = pattern["azimuth_steps"]
-    elev = np.radians(_beam_elevations(pattern) + rng.normal(0.0, 0.02, beams))
-    az_center = -np.pi + (np.arange(n_az) + 0.5) * (2 * np.pi / n_az)
-    beam_az = np.radians(rng.normal(0.0, 0.05, beams))
-    ray_az = np.radians(rng.uniform(-0.01, 0.01, (beams, n_az)))
-    az = az_center[None, :] + beam_az[:, None] + ray_az
-    az_margin = float(np.abs(beam_az).max()) + math.radians(0.01) + 2 * np.pi / n_az
-
+    sensor = _Sensor(rng, pattern)
     # Scene size follows the pattern; a max_range below it only crops (see below).
     extent = max(pattern["max_range"], float(max_range))
-    scene, lanes, park = _build_scene(rng, extent, pattern["sensor_height"])
-    n_cars = int(rng.integers(8, 26)) if num_cars is None else int(num_cars)
-    _place_cars(rng, scene, lanes, park, n_cars, extent)
-
-    # Rays in the scene frame (rotated by the street heading).
-    cos_el = np.cos(elev)[:, None]
-    d_sensor = (cos_el * np.cos(az), cos_el * np.sin(az), np.broadcast_to(np.sin(elev)[:, None], az.shape))
-    d_scene = (cos_el * np.cos(az - scene.psi), cos_el * np.sin(az - scene.psi), d_sensor[2])
-    # Cast to the full scene extent and crop afterwards: a smaller max_range then
-    # yields exactly the subset of the full scan's points within that range.
-    hits = _cast(scene, d_scene, elev, az_center, az_margin, extent)
-
-    # Measurement model; noise is drawn for every ray so cropping keeps the rest identical.
-    shape = az.shape
-    r = hits.t + rng.normal(0.0, _RANGE_NOISE, shape)
-    r = r + np.where(hits.label == VEGETATION, rng.exponential(_FOLIAGE_DEPTH, shape), 0.0)
-    signal = hits.refl * hits.cos
-    intensity = np.clip(signal + rng.normal(0.0, 0.02, shape), 0.0, 1.0)
-    p_drop = 0.04 + 0.3 * np.exp(-signal / 0.01)  # weak (dark, grazing) returns get lost
-    keep = (hits.label != 0) & (r < max_range) & (rng.random(shape) >= p_drop)
-
-    points = np.stack([r[keep] * d_sensor[0][keep], r[keep] * d_sensor[1][keep],
-                       r[keep] * d_sensor[2][keep], intensity[keep]], axis=1).astype(np.float32)
-    out = {"points": points, "labels": hits.label[keep].astype(np.uint32)}
+    scene = build_world(rng, pattern, extent, num_cars)
+    hits, d_sensor = sensor.cast(rng, scene, extent)
+    points, labels, inst = _measure(rng, hits, d_sensor, max_range)
+    out = {"points": points, "labels": labels}
 
     if return_boxes:
-        counts = np.bincount(hits.inst[keep] + 1, minlength=len(scene.objects) + 1)[1:]
+        counts = np.bincount(inst + 1, minlength=len(scene.objects) + 1)[1:]
         c, sn = math.cos(scene.psi), math.sin(scene.psi)
         boxes, classes = [], []
         for (box, cls), n in zip(scene.objects, counts):
@@ -538,3 +521,57 @@ def generate_scan(beams: int = 64, seed: int | None = None, *, max_range: float 
         out["boxes"] = np.asarray(boxes, dtype=np.float32).reshape(-1, 7)
         out["box_labels"] = np.asarray(classes, dtype=np.int64)
     return out
+
+
+def build_world(rng: np.random.Generator, pattern: dict, extent: float, num_cars: int | None) -> _Scene:
+    """The random street (buildings, poles, trees, people) and its cars, in the scene frame of a
+    sensor at the origin ``pattern["sensor_height"]`` above the road."""
+    scene, lanes, park = _build_scene(rng, extent, pattern["sensor_height"])
+    n_cars = int(rng.integers(8, 26)) if num_cars is None else int(num_cars)
+    _place_cars(rng, scene, lanes, park, n_cars, extent)
+    return scene
+
+
+class _Sensor:
+    """A spinning multi-beam LiDAR: nominal beam angles plus a per-beam calibration error (drawn
+    once); each sweep also jitters every ray's azimuth a little. The first sweep's jitter is drawn
+    here, with the calibration (generate_scan's order of draws)."""
+
+    def __init__(self, rng: np.random.Generator, pattern: dict):
+        self.beams, self.n_az = pattern["beams"], pattern["azimuth_steps"]
+        self.elev = np.radians(_beam_elevations(pattern) + rng.normal(0.0, 0.02, self.beams))
+        self.az_center = -np.pi + (np.arange(self.n_az) + 0.5) * (2 * np.pi / self.n_az)
+        self.beam_az = np.radians(rng.normal(0.0, 0.05, self.beams))
+        self._jitter = self._draw_jitter(rng)
+
+    def _draw_jitter(self, rng: np.random.Generator) -> np.ndarray:
+        return np.radians(rng.uniform(-0.01, 0.01, (self.beams, self.n_az)))
+
+    def cast(self, rng: np.random.Generator, scene: _Scene, extent: float):
+        """(hits, ray directions in the sensor frame) of one sweep from the scene frame's origin,
+        the sensor's x axis at -scene.psi in the scene frame."""
+        ray_az, self._jitter = (self._jitter if self._jitter is not None else self._draw_jitter(rng)), None
+        az = self.az_center[None, :] + self.beam_az[:, None] + ray_az
+        az_margin = float(np.abs(self.beam_az).max()) + math.radians(0.01) + 2 * np.pi / self.n_az
+        # Rays in the scene frame (rotated by the street heading).
+        cos_el = np.cos(self.elev)[:, None]
+        d_sensor = (cos_el * np.cos(az), cos_el * np.sin(az), np.broadcast_to(np.sin(self.elev)[:, None], az.shape))
+        d_scene = (cos_el * np.cos(az - scene.psi), cos_el * np.sin(az - scene.psi), d_sensor[2])
+        # Cast to the full scene extent and crop afterwards: a smaller max_range then
+        # yields exactly the subset of the full scan's points within that range.
+        return _cast(scene, d_scene, self.elev, self.az_center, az_margin, extent), d_sensor
+
+
+def _measure(rng: np.random.Generator, hits: _Hits, d_sensor, max_range: float):
+    """(points float32 [N, 4], raw labels uint32 [N], instance per point int32 [N]) of a cast.
+    Noise is drawn for every ray so cropping keeps the rest identical."""
+    shape = hits.t.shape
+    r = hits.t + rng.normal(0.0, _RANGE_NOISE, shape)
+    r = r + np.where(hits.label == VEGETATION, rng.exponential(_FOLIAGE_DEPTH, shape), 0.0)
+    signal = hits.refl * hits.cos
+    intensity = np.clip(signal + rng.normal(0.0, 0.02, shape), 0.0, 1.0)
+    p_drop = 0.04 + 0.3 * np.exp(-signal / 0.01)  # weak (dark, grazing) returns get lost
+    keep = (hits.label != 0) & (r < max_range) & (rng.random(shape) >= p_drop)
+    points = np.stack([r[keep] * d_sensor[0][keep], r[keep] * d_sensor[1][keep],
+                       r[keep] * d_sensor[2][keep], intensity[keep]], axis=1).astype(np.float32)
+    return points, hits.label[keep].astype(np.uint32), hits.inst[keep]
