@@ -2,9 +2,10 @@
 
 A *frame* is a dict of numpy arrays: ``points`` float32 ``[N, C]`` (x, y, z first) and,
 when the dataset has them, ``labels`` ``[N]`` (per point), ``boxes`` float32 ``[M, 7]``
-(x, y, z, dx, dy, dz, yaw; yaw about +z, counter-clockwise from +x) and ``box_labels`` ``[M]``.
-Other keys pass through unchanged. Geometric transforms move points and boxes together, so a
-point inside a box stays inside it.
+(x, y, z, dx, dy, dz, yaw; yaw about +z, counter-clockwise from +x) or ``[M, 9]`` (then vx, vy
+in m/s) and ``box_labels`` ``[M]``. Other keys pass through unchanged. Geometric transforms move
+points and boxes together, so a point inside a box stays inside it; velocities turn, mirror and
+scale with them.
 
 Random transforms draw from torch's generator (or the one given): DataLoader seeds it per
 worker, so workers do not repeat each other's augmentations.
@@ -48,8 +49,9 @@ def _split(frame: Frame) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     if not isinstance(points, np.ndarray) or points.ndim != 2 or points.shape[1] < 3:
         raise ValueError(f"frame['points'] must be a numpy [N, 3+] array, got {getattr(points, 'shape', points)!r}")
     boxes = frame.get("boxes")
-    if boxes is not None and (not isinstance(boxes, np.ndarray) or boxes.ndim != 2 or boxes.shape[1] != 7):
-        raise ValueError(f"frame['boxes'] must be a numpy [M, 7] array, got {getattr(boxes, 'shape', boxes)!r}")
+    if boxes is not None and (not isinstance(boxes, np.ndarray) or boxes.ndim != 2 or boxes.shape[1] not in (7, 9)):
+        raise ValueError(f"frame['boxes'] must be a numpy [M, 7] or [M, 9] (with velocity) array, got "
+                         f"{getattr(boxes, 'shape', boxes)!r}")
     return points, boxes
 
 
@@ -64,6 +66,7 @@ def rotate_z(frame: Frame, angle: float) -> Frame:
         boxes = boxes.copy()
         boxes[:, :2] = (boxes[:, :2].astype(np.float64) @ rot.T).astype(boxes.dtype)
         boxes[:, 6] = wrap_angle(boxes[:, 6].astype(np.float64) + angle).astype(boxes.dtype)
+        boxes[:, 7:9] = (boxes[:, 7:9].astype(np.float64) @ rot.T).astype(boxes.dtype)  # velocity, if any
     return _with(frame, points, boxes)
 
 
@@ -125,6 +128,8 @@ class RandomFlip:
             points[:, col] = -points[:, col]
             if boxes is not None:
                 boxes[:, col] = -boxes[:, col]
+                if boxes.shape[1] == 9:
+                    boxes[:, 7 + col] = -boxes[:, 7 + col]
                 yaw = boxes[:, 6].astype(np.float64)
                 boxes[:, 6] = wrap_angle(-yaw if axis == "x" else math.pi - yaw).astype(boxes.dtype)
         return _with(frame, points, boxes)
@@ -134,7 +139,7 @@ class RandomFlip:
 
 
 class RandomScale:
-    """Scales x, y, z (and box centres and sizes) by one factor drawn from [low, high]."""
+    """Scales x, y, z (and box centres, sizes and velocities) by one factor drawn from [low, high]."""
 
     def __init__(self, low: float = 0.95, high: float = 1.05, generator: Optional[torch.Generator] = None):
         if not (0 < low <= high) or not math.isfinite(high):
@@ -149,6 +154,7 @@ class RandomScale:
         if boxes is not None:
             boxes = boxes.copy()
             boxes[:, :6] *= factor
+            boxes[:, 7:9] *= factor
         return _with(frame, points, boxes)
 
     def __repr__(self) -> str:

@@ -12,7 +12,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 __all__ = ["ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "TrainConfig", "EvalConfig", "Config",
            "load_config", "config_from_dict", "config_to_dict", "apply_overrides", "dump_config", "DATA_FORMATS"]
 
-DATA_FORMATS = ("semantickitti", "nuscenes", "detection")
+DATA_FORMATS = ("semantickitti", "nuscenes", "detection", "nuscenes_detection", "waymo")
+DETECTION_FORMATS = ("detection", "nuscenes_detection", "waymo")
+MULTI_FRAME_FORMATS = ("nuscenes", "nuscenes_detection", "waymo")
 MODELS = ("minkunet", "spvcnn", "centerpoint")
 DEVICES = ("cpu", "cuda")
 OPTIMIZERS = ("sgd", "adamw")
@@ -26,8 +28,10 @@ class ConfigError(ValueError):
 
 @dataclass
 class DataConfig:
-    format: str = "semantickitti"          # semantickitti | nuscenes | detection
+    format: str = "semantickitti"          # semantickitti | nuscenes | detection | nuscenes_detection | waymo
     root: str = ""                         # dataset root directory
+    sweeps: int = 1                        # frames per sample (nuscenes*, waymo): the frame and sweeps - 1 before it
+    version: Optional[str] = None          # nuScenes tables directory (v1.0-trainval); Waymo processed-data folder
     train_split: str = "train"
     val_split: str = "val"
     voxel_size: float = 0.05               # segmentation voxel edge (metres)
@@ -97,6 +101,15 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     @property
+    def point_features(self) -> int:
+        """Features per point the configured reader gives (the models' in_channels): x, y, z,
+        intensity, then the ring (nuscenes), elongation (waymo) and the time lag (several frames;
+        nuscenes_detection always)."""
+        base = {"semantickitti": 4, "detection": 4, "nuscenes": 5, "nuscenes_detection": 4, "waymo": 5}
+        lag = self.data.format == "nuscenes_detection" or self.data.sweeps > 1
+        return base[self.data.format] + (lag and self.data.format in MULTI_FRAME_FORMATS)
+
+    @property
     def task(self) -> str:
         return "detection" if self.model.name == "centerpoint" else "segmentation"
 
@@ -111,9 +124,11 @@ class Config:
             _choice("train.conv_dataflow", self.train.conv_dataflow, CONV_DATAFLOWS)
         if not self.data.root:
             raise ConfigError("data.root is required (the dataset's root directory)")
-        if (self.data.format == "detection") != (self.model.name == "centerpoint"):
+        if (self.data.format in DETECTION_FORMATS) != (self.model.name == "centerpoint"):
             raise ConfigError(f"model.name={self.model.name!r} does not fit data.format={self.data.format!r}: "
-                              "centerpoint trains on the detection format, minkunet and spvcnn on semantickitti or nuscenes")
+                              f"centerpoint trains on {', '.join(DETECTION_FORMATS)}, minkunet and spvcnn on "
+                              "semantickitti or nuscenes")
+        self._check_frames()
         _positive("data.voxel_size", self.data.voxel_size)
         for name in ("data.crop", "model.cr", "optim.lr", "optim.grad_clip"):
             value = _get(self, name)
@@ -134,8 +149,26 @@ class Config:
         if not 0 < self.eval.iou_threshold <= 1:
             raise ConfigError(f"eval.iou_threshold must lie in (0, 1], got {self.eval.iou_threshold!r}")
         if self.model.name == "centerpoint":
-            self.centerpoint_config()  # raises on unknown or bad fields
+            self.centerpoint_config(point_features=self.point_features)  # raises on unknown or bad fields
         return self
+
+    def _check_frames(self) -> None:
+        """data.sweeps and data.version only where the format reads them."""
+        data = self.data
+        if data.sweeps < 1:
+            raise ConfigError(f"data.sweeps must be >= 1, got {data.sweeps!r}")
+        if data.sweeps > 1 and data.format not in MULTI_FRAME_FORMATS:
+            raise ConfigError(f"data.sweeps={data.sweeps}: the {data.format} format has single frames "
+                              f"(multi-frame formats: {', '.join(MULTI_FRAME_FORMATS)})")
+        if data.version is not None and data.format not in MULTI_FRAME_FORMATS:
+            raise ConfigError(f"data.version={data.version!r} has no meaning for data.format={data.format!r}; "
+                              "remove it (it names nuScenes' tables or Waymo's processed-data folder)")
+        if data.format == "nuscenes_detection" and data.version is None:
+            raise ConfigError("data.format=nuscenes_detection needs data.version, the tables directory under "
+                              "data.root (e.g. v1.0-trainval; v1.0-synth for torchsparse-pp synth --format nuscenes)")
+        if data.format == "nuscenes" and data.sweeps > 1 and data.version is None:
+            raise ConfigError(f"data.sweeps={data.sweeps} on nuscenes needs data.version, the tables directory "
+                              "that holds the sweeps' prev chains and poses (e.g. v1.0-trainval)")
 
     def _check_optimizer_keys(self) -> None:
         """A setting of the other optimizer would be ignored: an error unless it keeps its default."""
@@ -146,8 +179,9 @@ class Config:
                 raise ConfigError(f"optim.{key}={getattr(self.optim, key)!r} has no effect with "
                                   f"optim.name={self.optim.name!r}; remove it (or set the optimizer it belongs to)")
 
-    def centerpoint_config(self, num_classes: Optional[int] = None):
-        """The CenterPointConfig: the preset with ``model.centerpoint`` overrides."""
+    def centerpoint_config(self, num_classes: Optional[int] = None, point_features: Optional[int] = None):
+        """The CenterPointConfig: the preset with ``model.centerpoint`` overrides; ``num_classes``
+        and ``point_features`` come from the data (a different point_features there is an error)."""
         from ..models.centerpoint import CenterPointConfig
 
         allowed = [f.name for f in dataclasses.fields(CenterPointConfig)]
@@ -158,6 +192,12 @@ class Config:
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         if num_classes is not None:
             values["num_classes"] = num_classes
+        if point_features is not None:
+            if values.get("point_features", point_features) != point_features:
+                raise ConfigError(f"model.centerpoint.point_features={values['point_features']} differs from the "
+                                  f"{point_features} features per point of data.format={self.data.format!r} "
+                                  f"with data.sweeps={self.data.sweeps}; remove it")
+            values["point_features"] = point_features
         try:
             return getattr(CenterPointConfig, self.model.centerpoint_preset)(**values)
         except (TypeError, ValueError) as err:

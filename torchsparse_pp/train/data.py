@@ -12,6 +12,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..data import DetectionDataset, NuScenesLidarSeg, SemanticKITTI
+from ..data.nuscenes_detection import DETECTION_CLASSES, NuScenesDetection
+from ..data.waymo import DEFAULT_TAG, WAYMO_CLASSES, WaymoDataset
 from ..data.transforms import Compose, PointCap, RandomFlip, RandomRotation, RandomScale
 from ..utils import sparse_collate_fn
 from .config import Config, ConfigError
@@ -20,8 +22,8 @@ __all__ = ["build_dataset", "build_loader", "ResumableSampler", "SegmentationDat
            "DetectionFrames",
            "class_names", "CropXY"]
 
-# Feature columns per point of each reader (MinkUNet's in_channels).
-POINT_FEATURES = {"semantickitti": 4, "nuscenes": 5, "detection": 4}
+# The synth format that writes each data format.
+SYNTH_FORMAT = {"nuscenes_detection": "nuscenes"}
 
 
 class CropXY:
@@ -98,7 +100,7 @@ class PointSegmentationData(SegmentationData):
 
 class DetectionFrames(_SeededFrames):
     """Raw detection frames for CenterPoint, which voxelises on its own grid: ``points`` float32
-    tensor [N, 4], ``boxes`` [M, 7], ``box_labels`` [M]."""
+    tensor [N, F], ``boxes`` [M, 7] or [M, 9] (with velocities), ``box_labels`` [M]."""
 
     def __getitem__(self, item):
         frame = self.frame(item)
@@ -113,13 +115,22 @@ def _reader(config: Config, split: str):
     root = Path(data.root)
     if not root.is_dir():
         raise FileNotFoundError(f"data.root {str(root)!r} does not exist; point it at a {data.format} dataset "
-                                f"(or write a synthetic one: torchsparse-pp synth --format {data.format} "
-                                f"--out {str(root)})")
+                                f"(or write a synthetic one: torchsparse-pp synth --format "
+                                f"{SYNTH_FORMAT.get(data.format, data.format)} --out {str(root)})")
     if data.format == "semantickitti":
-        return SemanticKITTI(root, split, data.voxel_size)
-    if data.format == "nuscenes":
-        return NuScenesLidarSeg(root, split, data.voxel_size)
-    return DetectionDataset(root, split, data.voxel_size)
+        reader = SemanticKITTI(root, split, data.voxel_size)
+    elif data.format == "nuscenes":
+        reader = NuScenesLidarSeg(root, split, data.voxel_size, sweeps=data.sweeps, version=data.version)
+    elif data.format == "nuscenes_detection":
+        reader = NuScenesDetection(root, data.version, split, data.voxel_size, sweeps=data.sweeps)
+    elif data.format == "waymo":
+        reader = WaymoDataset(root, split, data.voxel_size, frames=data.sweeps, tag=data.version or DEFAULT_TAG)
+    else:
+        reader = DetectionDataset(root, split, data.voxel_size)
+    if getattr(reader, "point_features", config.point_features) != config.point_features:
+        raise RuntimeError(f"{reader!r} gives {reader.point_features} features per point, the config "
+                           f"{config.point_features}")  # the two tables of widths disagree: a bug here
+    return reader
 
 
 def class_names(config: Config, dataset=None) -> Tuple[str, ...]:
@@ -130,6 +141,10 @@ def class_names(config: Config, dataset=None) -> Tuple[str, ...]:
     if config.data.format == "nuscenes":
         from ..data.nuscenes import CLASS_NAMES
         return CLASS_NAMES
+    if config.data.format == "nuscenes_detection":
+        return DETECTION_CLASSES
+    if config.data.format == "waymo":
+        return WAYMO_CLASSES
     if dataset is not None:
         return tuple(dataset.reader.classes)
     from ..data.synthetic import BOX_CLASSES

@@ -9,7 +9,6 @@ from ..models import SPVCNN, CenterPoint, MinkUNet
 from ..models.centerpoint import voxelize
 from ..point import PointTensor
 from .config import Config
-from .data import POINT_FEATURES
 from .distributed import all_reduce_sum, gather_objects
 from .metrics import IGNORE_INDEX, bev_map, confusion_matrix, iou_from_confusion, mean_iou
 
@@ -24,7 +23,7 @@ class SegmentationTask:
         self.num_classes = len(self.class_names)
 
     def build_model(self) -> torch.nn.Module:
-        return MinkUNet(POINT_FEATURES[self.config.data.format], self.num_classes, self.config.model.cr)
+        return MinkUNet(self.config.point_features, self.num_classes, self.config.model.cr)
 
     def forward(self, model, batch, device) -> torch.Tensor:
         """Per-voxel logits of a batch."""
@@ -76,7 +75,7 @@ class PointSegmentationTask(SegmentationTask):
     """SPVCNN: per-point logits, cross entropy over points (ignore 255), point confusion -> mIoU."""
 
     def build_model(self) -> torch.nn.Module:
-        return SPVCNN(POINT_FEATURES[self.config.data.format], self.num_classes, self.config.model.cr)
+        return SPVCNN(self.config.point_features, self.num_classes, self.config.model.cr)
 
     def points(self, batch, device) -> PointTensor:
         """The batch's points in voxel units, batch index first."""
@@ -113,7 +112,8 @@ class DetectionTask:
     def __init__(self, config: Config, class_names: Sequence[str]):
         self.config, self.class_names = config, tuple(class_names)
         self.num_classes = len(self.class_names)
-        self.model_config = config.centerpoint_config(num_classes=self.num_classes)
+        self.model_config = config.centerpoint_config(num_classes=self.num_classes,
+                                                      point_features=config.point_features)
 
     def build_model(self) -> torch.nn.Module:
         return CenterPoint(self.model_config)
@@ -132,9 +132,18 @@ class DetectionTask:
             raise ValueError("the detection loss normalises itself; it takes no normalizer")
         outputs = self.forward(model, batch, device)
         core = model.module if hasattr(model, "module") else model
-        losses = core.loss(outputs, [b.to(device) for b in _per_sample(batch["boxes"])],
+        losses = core.loss(outputs, [self.model_boxes(b).to(device) for b in _per_sample(batch["boxes"])],
                            [b.to(device) for b in _per_sample(batch["box_labels"])])
         return losses
+
+    def model_boxes(self, boxes: torch.Tensor) -> torch.Tensor:
+        """A sample's boxes as the model regresses them: with their velocity (vx, vy) when it has a
+        velocity branch (the data must give one), without it otherwise."""
+        if self.model_config.velocity and boxes.shape[1] != 9:
+            raise ValueError(f"the model regresses velocities (model.centerpoint.velocity), but "
+                             f"data.format={self.config.data.format!r} gives boxes without them "
+                             f"({boxes.shape[1]} values per box); set model.centerpoint.velocity=false")
+        return boxes if self.model_config.velocity else boxes[:, :7]
 
     def start_eval(self) -> None:
         self.predictions, self.ground_truth = [], []
@@ -143,12 +152,13 @@ class DetectionTask:
     def eval_batch(self, model, batch, device) -> List[Dict[str, torch.Tensor]]:
         core = model.module if hasattr(model, "module") else model
         preds = [{k: v.cpu() for k, v in p.items()} for p in core.predict(self.forward(model, batch, device))]
-        self.predictions += preds
+        # BEV mAP matches boxes by their BEV footprint: (x, y, z, dx, dy, dz, yaw), velocity aside.
+        self.predictions += [dict(p, boxes=p["boxes"][:, :7]) for p in preds]
         x_min, y_min, _, x_max, y_max, _ = self.model_config.point_cloud_range
         for boxes, labels in zip(_per_sample(batch["boxes"]), _per_sample(batch["box_labels"])):
             # Only boxes whose centre lies on the model's BEV map can be found.
             inside = ((boxes[:, 0] >= x_min) & (boxes[:, 0] < x_max) & (boxes[:, 1] >= y_min) & (boxes[:, 1] < y_max))
-            self.ground_truth.append({"boxes": boxes[inside], "labels": labels[inside]})
+            self.ground_truth.append({"boxes": boxes[inside, :7], "labels": labels[inside]})
         return preds
 
     def finish_eval(self) -> Dict[str, object]:

@@ -44,9 +44,11 @@ class CenterPointConfig:
     gaussian_overlap: float = 0.1
     min_radius: int = 2
     # Loss: focal (heatmap) + loc_weight * weighted L1 on the 8 regression channels
-    # (offset x, y; z; log dx, dy, dz; sin, cos yaw).
+    # (offset x, y; z; log dx, dy, dz; sin, cos yaw), 10 with velocity (vx, vy in m/s).
     loc_weight: float = 0.25
     code_weights: Tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
+    # A velocity branch: boxes are then (x, y, z, dx, dy, dz, yaw, vx, vy).
+    velocity: bool = False
     # Decoding.
     pre_nms_top_k: int = 500
     score_threshold: float = 0.1
@@ -66,8 +68,9 @@ class CenterPointConfig:
         if len(lengths) != 1 or lengths == {0}:
             raise ValueError("bev_layer_nums, bev_strides, bev_filters, bev_upsample_strides and "
                              "bev_upsample_filters must be non-empty and of equal length")
-        if len(self.code_weights) != 8:
-            raise ValueError(f"code_weights needs 8 entries, got {len(self.code_weights)}")
+        if len(self.code_weights) != self.regression_channels:
+            raise ValueError(f"code_weights needs {self.regression_channels} entries (one per regression channel"
+                             f"{', velocity included' if self.velocity else ''}), got {len(self.code_weights)}")
         if not 0 < self.gaussian_overlap < 1 or self.min_radius < 0:
             raise ValueError("gaussian_overlap must lie in (0, 1) and min_radius be >= 0")
         if not 0 <= self.nms_iou_threshold <= 1 or self.pre_nms_top_k < 1 or self.max_boxes < 1:
@@ -75,6 +78,15 @@ class CenterPointConfig:
         # Checks the range against the voxel size and the maps against the backbones' strides.
         if min(self.bev_size) < 1:
             raise ValueError(f"the BEV map would be empty: {self.bev_size} cells")
+
+    @property
+    def regression_channels(self) -> int:
+        return 10 if self.velocity else 8
+
+    @property
+    def box_size(self) -> int:
+        """Values per box: (x, y, z, dx, dy, dz, yaw) and, with velocity, (vx, vy)."""
+        return 9 if self.velocity else 7
 
     @property
     def grid_size(self) -> Tuple[int, int, int]:
@@ -148,11 +160,13 @@ class CenterPointConfig:
 
     @staticmethod
     def nuscenes(**overrides) -> "CenterPointConfig":
-        """nuScenes-like: 0.075 x 0.075 x 0.2 m voxels in [-54, 54]^2 x [-5, 3], 10 classes.
-        point_features=5 (x, y, z, intensity, time offset) as in multi-sweep nuScenes."""
+        """nuScenes-like: 0.075 x 0.075 x 0.2 m voxels in [-54, 54]^2 x [-5, 3], 10 classes,
+        point_features=5 (x, y, z, intensity, time lag) as in multi-sweep nuScenes, and velocity
+        (code weights 0.2 on vx, vy, as CenterPoint's nuScenes configs)."""
         values = dict(point_cloud_range=(-54.0, -54.0, -5.0, 54.0, 54.0, 3.0), voxel_size=(0.075, 0.075, 0.2),
                       num_classes=10, point_features=5, bev_layer_nums=(5, 5), bev_filters=(128, 256),
-                      bev_upsample_filters=(256, 256))
+                      bev_upsample_filters=(256, 256), velocity=True,
+                      code_weights=(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2))
         values.update(overrides)
         return CenterPointConfig(**values)
 

@@ -15,8 +15,8 @@ def decode_boxes(outputs: Dict[str, torch.Tensor], config: CenterPointConfig) ->
     """Per sample: the top ``pre_nms_top_k`` local maxima (3x3) of the class heatmaps, decoded,
     those above ``score_threshold`` kept, class-aware rotated NMS, at most ``max_boxes``.
 
-    Returns one dict per sample: ``boxes`` [M, 7], ``scores`` [M], ``labels`` [M] (int64),
-    best score first.
+    Returns one dict per sample: ``boxes`` [M, 7] ([M, 9] with a velocity branch: vx, vy last),
+    ``scores`` [M], ``labels`` [M] (int64), best score first.
     """
     heat = torch.sigmoid(outputs["heatmap"].float())
     batch, classes, rows, cols = heat.shape
@@ -33,7 +33,7 @@ def decode_boxes(outputs: Dict[str, torch.Tensor], config: CenterPointConfig) ->
     y = (iy + reg[..., 1]) * cell_y + config.point_cloud_range[1]
     sizes = torch.exp(reg[..., 3:6].clamp(-LOG_SIZE_LIMIT, LOG_SIZE_LIMIT))
     yaw = torch.atan2(reg[..., 6], reg[..., 7])
-    boxes = torch.cat([x[..., None], y[..., None], reg[..., 2:3], sizes, yaw[..., None]], -1)
+    boxes = torch.cat([x[..., None], y[..., None], reg[..., 2:3], sizes, yaw[..., None], reg[..., 8:10]], -1)
 
     results = []
     for b in range(batch):

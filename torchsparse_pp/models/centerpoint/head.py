@@ -7,6 +7,12 @@ from torch import nn
 
 # Regression branches and their channels, in the order of the regression target vector.
 REGRESSION_BRANCHES = (("center", 2), ("center_z", 1), ("dim", 3), ("rot", 2))
+VELOCITY_BRANCH = ("vel", 2)
+
+
+def regression_branches(velocity: bool):
+    """The regression branches of a head with or without the velocity branch (last)."""
+    return REGRESSION_BRANCHES + ((VELOCITY_BRANCH,) if velocity else ())
 HEATMAP_PRIOR = 0.1  # initial heatmap probability: keeps the focal loss sane at the start
 
 
@@ -17,14 +23,15 @@ class CenterHead(nn.Module):
     - ``center`` [B, 2, Y, X]: sub-cell offset of the centre (x, y), in cells;
     - ``center_z`` [B, 1, Y, X]: z of the box centre, metres;
     - ``dim`` [B, 3, Y, X]: log of (dx, dy, dz);
-    - ``rot`` [B, 2, Y, X]: (sin yaw, cos yaw).
+    - ``rot`` [B, 2, Y, X]: (sin yaw, cos yaw);
+    - with ``velocity``, ``vel`` [B, 2, Y, X]: (vx, vy), m/s.
     """
 
-    def __init__(self, in_channels: int, num_classes: int, head_channels: int = 64):
+    def __init__(self, in_channels: int, num_classes: int, head_channels: int = 64, velocity: bool = False):
         super().__init__()
         self.shared = nn.Sequential(nn.Conv2d(in_channels, head_channels, 3, padding=1, bias=False),
                                     nn.BatchNorm2d(head_channels), nn.ReLU(inplace=True))
-        branches = (("heatmap", num_classes),) + REGRESSION_BRANCHES
+        branches = (("heatmap", num_classes),) + regression_branches(velocity)
         self.branches = nn.ModuleDict({
             name: nn.Sequential(nn.Conv2d(head_channels, head_channels, 3, padding=1, bias=False),
                                 nn.BatchNorm2d(head_channels), nn.ReLU(inplace=True),

@@ -3,7 +3,7 @@ from typing import Dict
 
 import torch
 
-from .head import REGRESSION_BRANCHES
+from .head import regression_branches
 from .targets import CenterTargets
 
 PROBABILITY_CLAMP = 1e-4  # keeps log() finite for saturated logits
@@ -20,8 +20,9 @@ def focal_heatmap_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tens
 
 
 def gather_regression(outputs: Dict[str, torch.Tensor], index: torch.Tensor) -> torch.Tensor:
-    """The predicted 8-vector at each index: [B, M, 8] from the [B, c, Y, X] branch maps."""
-    maps = torch.cat([outputs[name].float() for name, _ in REGRESSION_BRANCHES], dim=1)
+    """The predicted regression vector at each index: [B, M, 8] (10 with a velocity branch) from
+    the [B, c, Y, X] branch maps."""
+    maps = torch.cat([outputs[name].float() for name, _ in regression_branches("vel" in outputs)], dim=1)
     flat = maps.flatten(2)  # [B, 8, Y*X]
     picked = flat.gather(2, index[:, None, :].expand(-1, flat.shape[1], -1))
     return picked.transpose(1, 2)

@@ -19,7 +19,8 @@ class CenterPoint(nn.Module):
     """Voxels -> head maps (``forward``), head maps + boxes -> losses (``loss``), head maps ->
     boxes (``predict``). Make the input with ``centerpoint.voxelize(points, config)``.
 
-    BEV maps are ``[B, C, Y, X]``; boxes are (x, y, z, dx, dy, dz, yaw) in metres / radians.
+    BEV maps are ``[B, C, Y, X]``; boxes are (x, y, z, dx, dy, dz, yaw) in metres / radians, and
+    (vx, vy) in m/s after them with ``config.velocity``.
     """
 
     def __init__(self, config: Optional[CenterPointConfig] = None):
@@ -29,7 +30,7 @@ class CenterPoint(nn.Module):
         self.backbone = VoxelResBackBone8x(cfg.point_features)
         self.bev_backbone = BEVBackbone(cfg.bev_in_channels, cfg.bev_layer_nums, cfg.bev_strides, cfg.bev_filters,
                                         cfg.bev_upsample_strides, cfg.bev_upsample_filters)
-        self.head = CenterHead(self.bev_backbone.out_channels, cfg.num_classes, cfg.head_channels)
+        self.head = CenterHead(self.bev_backbone.out_channels, cfg.num_classes, cfg.head_channels, cfg.velocity)
         self.register_buffer("code_weights", torch.tensor(cfg.code_weights, dtype=torch.float32), persistent=False)
 
     def forward(self, voxels: SparseTensor, batch_size: int) -> Dict[str, torch.Tensor]:

@@ -12,7 +12,7 @@ import torch
 
 from .config import CenterPointConfig
 
-NUM_REGRESSION = 8  # offset x, y; z; log dx, dy, dz; sin yaw, cos yaw
+NUM_REGRESSION = 8  # offset x, y; z; log dx, dy, dz; sin yaw, cos yaw (then vx, vy with velocity)
 
 
 def gaussian_radius(length: float, width: float, min_overlap: float) -> float:
@@ -46,14 +46,15 @@ def draw_gaussian(heatmap: torch.Tensor, cx: int, cy: int, radius: int) -> None:
 @dataclass
 class CenterTargets:
     heatmap: torch.Tensor      # [B, num_classes, Y, X] float32, 1 at each object's centre cell
-    regression: torch.Tensor   # [B, M, 8] float32
+    regression: torch.Tensor   # [B, M, 8] float32 ([B, M, 10] with velocity)
     index: torch.Tensor        # [B, M] int64, y * X + x of the centre cell
     mask: torch.Tensor         # [B, M] bool: which of the M slots hold an object
 
 
-def check_boxes(boxes: torch.Tensor, labels: torch.Tensor, num_classes: int, sample: int) -> None:
-    if not isinstance(boxes, torch.Tensor) or boxes.dim() != 2 or boxes.shape[1] != 7:
-        raise ValueError(f"sample {sample}: boxes must be a [M, 7] tensor (x, y, z, dx, dy, dz, yaw), got "
+def check_boxes(boxes: torch.Tensor, labels: torch.Tensor, num_classes: int, sample: int, box_size: int = 7) -> None:
+    if not isinstance(boxes, torch.Tensor) or boxes.dim() != 2 or boxes.shape[1] != box_size:
+        what = "x, y, z, dx, dy, dz, yaw" + (", vx, vy" if box_size == 9 else "")
+        raise ValueError(f"sample {sample}: boxes must be a [M, {box_size}] tensor ({what}), got "
                          f"{list(boxes.shape) if isinstance(boxes, torch.Tensor) else type(boxes).__name__}")
     if not isinstance(labels, torch.Tensor) or labels.shape != (boxes.shape[0],) or labels.is_floating_point():
         raise ValueError(f"sample {sample}: labels must be an integer [{boxes.shape[0]}] tensor")
@@ -79,14 +80,14 @@ def build_targets(boxes_list: Sequence[torch.Tensor], labels_list: Sequence[torc
     batch = len(boxes_list)
     slots = max([len(b) for b in boxes_list] + [1])
     heatmap = torch.zeros(batch, config.num_classes, rows, cols, device=device)
-    regression = torch.zeros(batch, slots, NUM_REGRESSION, device=device)
+    regression = torch.zeros(batch, slots, config.regression_channels, device=device)
     index = torch.zeros(batch, slots, dtype=torch.long, device=device)
     mask = torch.zeros(batch, slots, dtype=torch.bool, device=device)
     for b, (boxes, labels) in enumerate(zip(boxes_list, labels_list)):
-        check_boxes(boxes, labels, config.num_classes, b)
+        check_boxes(boxes, labels, config.num_classes, b, config.box_size)
         boxes = boxes.detach().to(device=device, dtype=torch.float32)
         for m, (box, label) in enumerate(zip(boxes.tolist(), labels.tolist())):
-            x, y, z, dx, dy, dz, yaw = box
+            x, y, z, dx, dy, dz, yaw = box[:7]
             fx, fy = (x - x_min) / cell_x, (y - y_min) / cell_y
             ix, iy = math.floor(fx), math.floor(fy)
             if not (0 <= ix < cols and 0 <= iy < rows):
@@ -94,7 +95,7 @@ def build_targets(boxes_list: Sequence[torch.Tensor], labels_list: Sequence[torc
             radius = gaussian_radius(dx / cell_x, dy / cell_y, config.gaussian_overlap)
             draw_gaussian(heatmap[b, label], ix, iy, max(config.min_radius, int(radius)))
             regression[b, m] = torch.tensor([fx - ix, fy - iy, z, math.log(dx), math.log(dy), math.log(dz),
-                                             math.sin(yaw), math.cos(yaw)], device=device)
+                                             math.sin(yaw), math.cos(yaw)] + box[7:], device=device)
             index[b, m] = iy * cols + ix
             mask[b, m] = True
     return CenterTargets(heatmap, regression, index, mask)
