@@ -151,7 +151,7 @@ def _table_frames(tables: NuScenesTables, scenes) -> List[Tuple[Path, Path, str]
     frames = []
     for record in tables.tables["lidarseg"].values():
         token = tables.value("lidarseg", record, "sample_data_token")
-        sd = tables.get("sample_data", token, f"lidarseg record {record['token']!r}")
+        sd = tables.get("sample_data", token, tables.where("lidarseg", record))
         if keep_samples is not None and tables.value("sample_data", sd, "sample_token") not in keep_samples:
             continue
         frames.append((_inside_root(tables.root, tables.value("sample_data", sd, "filename"), "sample_data.json"),

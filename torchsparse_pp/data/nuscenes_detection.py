@@ -79,7 +79,7 @@ def read_scene_split(root: Union[str, Path], split: str) -> List[str]:
 
 def _sample_time(tables: NuScenesTables, annotation: dict) -> float:
     sample = tables.get("sample", tables.value("sample_annotation", annotation, "sample_token"),
-                        f"sample_annotation {annotation['token']!r}")
+                        tables.where("sample_annotation", annotation))
     return 1e-6 * tables.timestamp("sample", sample)
 
 
@@ -89,8 +89,7 @@ def box_velocity(tables: NuScenesTables, annotation: dict) -> np.ndarray:
     for side in ("prev", "next"):
         token = tables.value("sample_annotation", annotation, side)
         neighbours.append(None if token == "" else
-                          tables.get("sample_annotation", token, f"the {side} of sample_annotation "
-                                                                 f"{annotation['token']!r}"))
+                          tables.get("sample_annotation", token, f"the {side} of {tables.where('sample_annotation', annotation)}"))
     before, after = neighbours
     if before is None and after is None:
         return np.full(3, np.nan)
@@ -165,12 +164,12 @@ class NuScenesDetection(Dataset):
         annotations: Dict[str, List[dict]] = {}
         for ann in t.tables["sample_annotation"].values():
             sample = t.value("sample_annotation", ann, "sample_token")
-            t.get("sample", sample, f"sample_annotation {ann['token']!r}")
+            t.get("sample", sample, t.where("sample_annotation", ann))
             annotations.setdefault(sample, []).append(ann)
         rows = []
         for token, sample in t.tables["sample"].items():
             scene = t.value("sample", sample, "scene_token")
-            t.get("scene", scene, f"sample {token!r}")
+            t.get("scene", scene, t.where("sample", sample))
             if scene not in order:
                 continue
             if token not in key_frames:
@@ -183,9 +182,9 @@ class NuScenesDetection(Dataset):
     def _class_of(self, annotation: dict) -> Optional[int]:
         t = self.tables
         instance = t.get("instance", t.value("sample_annotation", annotation, "instance_token"),
-                         f"sample_annotation {annotation['token']!r}")
+                         t.where("sample_annotation", annotation))
         category = t.get("category", t.value("instance", instance, "category_token"),
-                         f"instance {instance['token']!r}")
+                         t.where("instance", instance))
         name = CATEGORY_TO_DETECTION.get(t.value("category", category, "name"))
         return self.classes.index(name) if name in self.classes else None
 
@@ -197,15 +196,17 @@ class NuScenesDetection(Dataset):
         token, key, annotations = self.samples[index]
         chain = sweep_chain(self.tables, key["token"], self.sweeps)
         points, _, _ = merge_sweeps(chain)
-        kept, labels = [], []
+        lidar_from_global = invert_pose(self.tables.global_from_sensor(key))
+        # Every annotation of the sample is converted (and so checked), then the kept ones selected.
+        boxes = annotation_boxes(self.tables, annotations, lidar_from_global)
+        keep, labels = [], []
         for ann in annotations:
             label = self._class_of(ann)
-            if label is None or self.tables.number("sample_annotation", ann, "num_lidar_pts") < self.min_points:
-                continue
-            kept.append(ann)
-            labels.append(label)
-        lidar_from_global = invert_pose(self.tables.global_from_sensor(key))
-        boxes = annotation_boxes(self.tables, kept, lidar_from_global)
+            keep.append(label is not None and
+                        self.tables.number("sample_annotation", ann, "num_lidar_pts") >= self.min_points)
+            if keep[-1]:
+                labels.append(label)
+        boxes = boxes[np.asarray(keep, dtype=bool).reshape(-1)]
         path = self.root / key["filename"]
         return {"points": np.ascontiguousarray(points[:, [0, 1, 2, 3, 5]]), "boxes": boxes.astype(np.float32),
                 "box_labels": np.asarray(labels, dtype=np.int64), "file": str(path), "token": token,

@@ -72,7 +72,7 @@ def sweep_chain(tables: NuScenesTables, key_token: str, sweeps: int) -> List[Swe
         previous = tables.value("sample_data", record, "prev")
         if len(chain) == sweeps or previous == "":
             return chain
-        record, newer_time = tables.get("sample_data", previous, f"the prev of sample_data {token!r}"), time
+        record, newer_time = tables.get("sample_data", previous, f"the prev of {tables.where('sample_data', record)}"), time
 
 
 def _sweep_points(sweep: Sweep, is_key: bool) -> Tuple[np.ndarray, np.ndarray]:

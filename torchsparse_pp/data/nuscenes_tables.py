@@ -74,6 +74,10 @@ class NuScenesTables:
     def file(self, table: str) -> str:
         return str(self.dir / f"{table}.json")
 
+    def where(self, table: str, record: dict) -> str:
+        """A record named for an error: its file and token."""
+        return f"{self.file(table)} record {record.get('token')!r}"
+
     def get(self, table: str, token, referrer: str) -> dict:
         """The record of ``token`` in ``table``; ``referrer`` says who refers to it (for the error)."""
         rows = self.tables[table]
@@ -113,18 +117,18 @@ class NuScenesTables:
         """Where a sweep's sensor was: global from ego (its ego_pose) times ego from sensor."""
         token = sample_data.get("token")
         ego = self.get("ego_pose", self.value("sample_data", sample_data, "ego_pose_token"),
-                       f"sample_data {token!r}")
+                       self.where("sample_data", sample_data))
         sensor = self.get("calibrated_sensor", self.value("sample_data", sample_data, "calibrated_sensor_token"),
-                          f"sample_data {token!r}")
+                          self.where("sample_data", sample_data))
         return self.pose("ego_pose", ego) @ self.pose("calibrated_sensor", sensor)
 
     def channel(self, sample_data: dict) -> str:
         """The sensor channel (e.g. LIDAR_TOP) of a sample_data record."""
         cs_token = self.value("sample_data", sample_data, "calibrated_sensor_token")
         if cs_token not in self._channels:
-            cs = self.get("calibrated_sensor", cs_token, f"sample_data {sample_data.get('token')!r}")
+            cs = self.get("calibrated_sensor", cs_token, self.where("sample_data", sample_data))
             sensor = self.get("sensor", self.value("calibrated_sensor", cs, "sensor_token"),
-                              f"calibrated_sensor {cs_token!r}")
+                              self.where("calibrated_sensor", cs))
             self._channels[cs_token] = self.value("sensor", sensor, "channel")
         return self._channels[cs_token]
 
@@ -142,7 +146,7 @@ class NuScenesTables:
             if self.value("sample_data", sd, "is_key_frame") is not True or self.channel(sd) != channel:
                 continue
             sample = self.value("sample_data", sd, "sample_token")
-            self.get("sample", sample, f"sample_data {token!r}")
+            self.get("sample", sample, self.where("sample_data", sd))
             if sample in out:
                 raise ValueError(f"{self.file('sample_data')}: sample {sample!r} has two {channel} key frames "
                                  f"({out[sample]['token']!r} and {token!r})")

@@ -66,7 +66,8 @@ def rotate_z(frame: Frame, angle: float) -> Frame:
         boxes = boxes.copy()
         boxes[:, :2] = (boxes[:, :2].astype(np.float64) @ rot.T).astype(boxes.dtype)
         boxes[:, 6] = wrap_angle(boxes[:, 6].astype(np.float64) + angle).astype(boxes.dtype)
-        boxes[:, 7:9] = (boxes[:, 7:9].astype(np.float64) @ rot.T).astype(boxes.dtype)  # velocity, if any
+        if boxes.shape[1] == 9:  # velocities turn with the frame
+            boxes[:, 7:9] = (boxes[:, 7:9].astype(np.float64) @ rot.T).astype(boxes.dtype)
     return _with(frame, points, boxes)
 
 
