@@ -9,25 +9,20 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from conftest import fresh_seed
+from synthetic_roots import synthetic_root
 from torchsparse_pp.data import NuScenesLidarSeg
 from torchsparse_pp.data.nuscenes_detection import NuScenesDetection
-from torchsparse_pp.data.synth import write_synthetic
 from torchsparse_pp.data.waymo import DEFAULT_TAG, WaymoDataset
 
 
 @pytest.fixture(scope="module")
 def nuscenes_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("nusc")
-    write_synthetic(root, "nuscenes", scans=2, seed=fresh_seed() % 1000, progress=False, sweeps=2)
-    return root
+    return synthetic_root(tmp_path_factory, "nuscenes", scans=2, sweeps=2)
 
 
 @pytest.fixture(scope="module")
 def waymo_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("waymo")
-    write_synthetic(root, "waymo", scans=2, seed=fresh_seed() % 1000, progress=False)
-    return root
+    return synthetic_root(tmp_path_factory, "waymo", scans=2)
 
 
 def copy_tree(src, dst):
@@ -148,7 +143,9 @@ def test_index_files_must_agree_with_the_tables(nuscenes_root, tmp_path):
 
 # --- Waymo ---------------------------------------------------------------------------------------
 def segment_pkl(root):
-    return next((root / DEFAULT_TAG).glob("*/*.pkl"))
+    """The info file of the train split's segment."""
+    segment = (root / "ImageSets" / "train.txt").read_text().split()[0][:-len(".tfrecord")]
+    return root / DEFAULT_TAG / segment / f"{segment}.pkl"
 
 
 def edit_infos(root, change):
@@ -201,7 +198,7 @@ def test_waymo_files_that_are_not_what_they_claim(waymo_root, tmp_path):
     assert str(pkl) in str(raised.value)
 
     root = copy_tree(waymo_root, tmp_path / "npy")
-    frame = next((root / DEFAULT_TAG).glob("*/0001.npy"))
+    frame = segment_pkl(root).parent / "0001.npy"
     np.save(frame, np.load(frame)[:, :5])
     with pytest.raises(ValueError, match=r"0001\.npy' holds 5 columns; a Waymo frame has 6"):
         WaymoDataset(root, "train").read_frame(1)

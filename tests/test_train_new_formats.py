@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import fresh_seed
+from synthetic_roots import synthetic_root
 from torchsparse_pp.cli import main as cli_main
-from torchsparse_pp.data.synth import write_synthetic
 from torchsparse_pp.data.transforms import RandomFlip, RandomScale, rotate_z
 from torchsparse_pp.models.centerpoint import CenterPointConfig
 from torchsparse_pp.models.centerpoint.decode import decode_boxes
@@ -30,16 +30,12 @@ CPU = ["train.device=cpu", "train.amp=false", "data.num_workers=0", "data.batch_
 
 @pytest.fixture(scope="module")
 def nuscenes_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("nusc")
-    write_synthetic(root, "nuscenes", scans=2, seed=fresh_seed() % 1000, progress=False, sweeps=3)
-    return root
+    return synthetic_root(tmp_path_factory, "nuscenes", scans=2, sweeps=3)
 
 
 @pytest.fixture(scope="module")
 def waymo_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("waymo")
-    write_synthetic(root, "waymo", scans=3, seed=fresh_seed() % 1000, progress=False)
-    return root
+    return synthetic_root(tmp_path_factory, "waymo", scans=3)
 
 
 def train(config, root, run_dir, *overrides):

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-from torch.utils.data import Dataset
 
 from ..io import drop_nonfinite, read_bin
 from .synthetic import BOX_CLASSES
+from .frames import FrameDataset
 from .transforms import Voxelize
 
 __all__ = ["DetectionDataset", "read_boxes", "write_boxes"]
@@ -64,7 +64,7 @@ def write_boxes(path: Union[str, Path], boxes: np.ndarray, labels: np.ndarray,
     Path(path).write_text("".join(line + "\n" for line in lines))
 
 
-class DetectionDataset(Dataset):
+class DetectionDataset(FrameDataset):
     """Detection frames as voxelised samples with ``boxes`` and ``box_labels``
     (see ``transforms.Voxelize``); ``transforms`` move points and boxes together."""
 
@@ -105,11 +105,6 @@ class DetectionDataset(Dataset):
         points = drop_nonfinite(read_bin(points_file, columns=4), points_file)
         return {"points": points, "boxes": boxes, "box_labels": labels, "file": str(points_file)}
 
-    def __getitem__(self, index: int) -> Dict[str, object]:
-        frame = self.read_frame(index)
-        if self.transforms is not None:
-            frame = self.transforms(frame)
-        return self.voxelize(frame)
 
     def __repr__(self) -> str:
         return (f"DetectionDataset(root={str(self.root)!r}, split={self.split!r}, frames={len(self)}, "

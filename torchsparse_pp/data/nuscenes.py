@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-from torch.utils.data import Dataset
 
 from ..io import drop_nonfinite, read_bin
 from .nuscenes_sweeps import SWEEP_COLUMNS, check_sweeps, merge_sweeps, sweep_chain
 from .nuscenes_tables import NuScenesTables
+from .frames import FrameDataset
 from .transforms import Voxelize
 
 __all__ = ["NuScenesLidarSeg", "CLASS_NAMES", "RAW_CLASS_NAMES", "LEARNING_MAP", "IGNORE_INDEX", "map_labels",
@@ -183,7 +183,7 @@ def _index_tokens(tables: NuScenesTables, pairs: List[Tuple[Path, Path]], index:
     return tokens
 
 
-class NuScenesLidarSeg(Dataset):
+class NuScenesLidarSeg(FrameDataset):
     """nuScenes-lidarseg key frames as voxelised samples (see ``transforms.Voxelize`` for the keys).
 
     Features are the file's (x, y, z, intensity, ring) columns of each voxel's first point
@@ -275,12 +275,6 @@ class NuScenesLidarSeg(Dataset):
         return {"points": points, "labels": labels, "raw_labels": raw, "file": str(points_file),
                 "sweeps": len(chain)}
 
-    def __getitem__(self, index: int) -> Dict[str, object]:
-        frame = self.read_frame(index)
-        frame.pop("raw_labels")
-        if self.transforms is not None:
-            frame = self.transforms(frame)
-        return self.voxelize(frame)
 
     def __repr__(self) -> str:
         return (f"NuScenesLidarSeg(root={str(self.root)!r}, split={self.split!r}, frames={len(self)}, "

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-from torch.utils.data import Dataset
 
 from .nuscenes_sweeps import check_sweeps, merge_sweeps, sweep_chain
 from .nuscenes_tables import LIDAR_CHANNEL, NuScenesTables
 from .poses import invert_pose, quaternion_matrix, rotate_vectors, transform_points, yaw_of
+from .frames import FrameDataset
 from .transforms import Voxelize
 
 __all__ = ["NuScenesDetection", "DETECTION_CLASSES", "CATEGORY_TO_DETECTION", "annotation_boxes",
@@ -122,7 +122,7 @@ def annotation_boxes(tables: NuScenesTables, annotations: Sequence[dict], lidar_
     return out
 
 
-class NuScenesDetection(Dataset):
+class NuScenesDetection(FrameDataset):
     """nuScenes key frames with ``points`` [N, 5], ``boxes`` [M, 9] and ``box_labels`` [M]
     (indices into ``classes``); ``__getitem__`` voxelises as ``transforms.Voxelize``.
 
@@ -212,11 +212,6 @@ class NuScenesDetection(Dataset):
                 "box_labels": np.asarray(labels, dtype=np.int64), "file": str(path), "token": token,
                 "sweeps": len(chain)}
 
-    def __getitem__(self, index: int) -> Dict[str, object]:
-        frame = self.read_frame(index)
-        if self.transforms is not None:
-            frame = self.transforms(frame)
-        return self.voxelize(frame)
 
     def __repr__(self) -> str:
         return (f"NuScenesDetection(root={str(self.root)!r}, version={self.version!r}, split={self.split!r}, "

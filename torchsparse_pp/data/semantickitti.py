@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-from torch.utils.data import Dataset
 
 from ..io import drop_nonfinite, read_bin
+from .frames import FrameDataset
 from .transforms import Voxelize
 
 __all__ = ["SemanticKITTI", "SPLITS", "CLASS_NAMES", "LEARNING_MAP", "LEARNING_MAP_INV", "IGNORE_INDEX",
@@ -94,7 +94,7 @@ def _sequence_name(seq: Union[int, str]) -> str:
     return f"{int(text):02d}"
 
 
-class SemanticKITTI(Dataset):
+class SemanticKITTI(FrameDataset):
     """SemanticKITTI scans as voxelised samples (see ``transforms.Voxelize`` for the keys).
 
     Args:
@@ -173,12 +173,6 @@ class SemanticKITTI(Dataset):
             frame["points"] = drop_nonfinite(points, scan)
         return frame
 
-    def __getitem__(self, index: int) -> Dict[str, object]:
-        frame = self.read_frame(index)
-        frame.pop("raw_labels", None)
-        if self.transforms is not None:
-            frame = self.transforms(frame)
-        return self.voxelize(frame)
 
     def __repr__(self) -> str:
         return (f"SemanticKITTI(root={str(self.root)!r}, split={self.split!r}, sequences={self.sequences}, "

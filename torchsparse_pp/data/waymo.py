@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-from torch.utils.data import Dataset
 
 from ..io import read_points
 from .poses import invert_pose, transform_points
 from .safe_pickle import load_pickle
+from .frames import FrameDataset
 from .transforms import Voxelize
 
 __all__ = ["WaymoDataset", "WAYMO_CLASSES", "DEFAULT_TAG", "FRAME_INTERVAL", "NPY_COLUMNS"]
@@ -74,7 +74,7 @@ def _pose(info: dict, pkl: Path) -> np.ndarray:
     return pose
 
 
-class WaymoDataset(Dataset):
+class WaymoDataset(FrameDataset):
     """Waymo frames as ``points`` [N, 5] (x, y, z, tanh(intensity), elongation; a sixth column, the
     time lag, with frames > 1), ``boxes`` [M, 7 or 9] and ``box_labels`` [M] (indices into
     ``classes``); ``__getitem__`` voxelises as ``transforms.Voxelize``."""
@@ -198,11 +198,6 @@ class WaymoDataset(Dataset):
                 "file": str(self.data_dir / segment / f"{idx:04d}.npy"), "frame_id": str(info["frame_id"]),
                 "sweeps": used}
 
-    def __getitem__(self, index: int) -> Dict[str, object]:
-        frame = self.read_frame(index)
-        if self.transforms is not None:
-            frame = self.transforms(frame)
-        return self.voxelize(frame)
 
     def __repr__(self) -> str:
         return (f"WaymoDataset(root={str(self.root)!r}, split={self.split!r}, samples={len(self)}, "
