@@ -139,3 +139,13 @@ def test_augmentations_move_velocities_with_the_boxes():
     assert np.allclose(np.remainder(before - after + np.pi, 2 * np.pi) - np.pi, 0, atol=1e-5)
     scaled = RandomScale(1.5, 1.5)(frame)["boxes"]
     np.testing.assert_allclose(scaled[:, 7:9], 1.5 * boxes[:, 7:9], rtol=1e-6)
+
+
+@pytest.mark.parametrize("config", ["centerpoint_nuscenes", "centerpoint_waymo_3frames", "nuscenes_minkunet_3sweeps"])
+def test_synthetic_data_for_a_config(tmp_path, config):
+    """What `torchsparse-pp tune --synthetic` trains on: a set the config's reader reads."""
+    from torchsparse_pp.train.data import build_dataset, write_synthetic_data
+    probe = load_config(CONFIGS / f"{config}.yaml", ["data.root=placeholder"])
+    overrides = write_synthetic_data(probe, tmp_path / "data", scans=1)
+    dataset = build_dataset(load_config(CONFIGS / f"{config}.yaml", overrides), train=False)
+    assert len(dataset) == 1 and dataset.reader.point_features == probe.point_features

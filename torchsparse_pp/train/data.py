@@ -19,8 +19,7 @@ from ..utils import sparse_collate_fn
 from .config import Config, ConfigError
 
 __all__ = ["build_dataset", "build_loader", "ResumableSampler", "SegmentationData", "PointSegmentationData",
-           "DetectionFrames",
-           "class_names", "CropXY"]
+           "DetectionFrames", "class_names", "CropXY", "write_synthetic_data"]
 
 # The synth format that writes each data format.
 SYNTH_FORMAT = {"nuscenes_detection": "nuscenes"}
@@ -131,6 +130,20 @@ def _reader(config: Config, split: str):
         raise RuntimeError(f"{reader!r} gives {reader.point_features} features per point, the config "
                            f"{config.point_features}")  # the two tables of widths disagree: a bug here
     return reader
+
+
+def write_synthetic_data(config: Config, root: Path, scans: int) -> List[str]:
+    """Writes a synthetic set in the layout the config's reader reads (``scans`` per split) and
+    returns the overrides that point the config at it."""
+    from ..data.synth import write_synthetic
+    from ..data.synth_nuscenes import VERSION
+
+    synth_format = SYNTH_FORMAT.get(config.data.format, config.data.format)
+    write_synthetic(root, format=synth_format, scans=scans, progress=False)
+    overrides = [f"data.root={root}"]
+    if config.data.version is not None:  # the synthetic set's own tables / processed folder
+        overrides.append(f"data.version={VERSION if synth_format == 'nuscenes' else DEFAULT_TAG}")
+    return overrides
 
 
 def class_names(config: Config, dataset=None) -> Tuple[str, ...]:

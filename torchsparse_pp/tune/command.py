@@ -103,9 +103,9 @@ def _batches(config, samples: int):
 
 
 def run_tune(args) -> int:
-    from ..data.synth import write_synthetic
     from ..nn.functional import ConvConfig, default_config
     from ..train.config import load_config
+    from ..train.data import write_synthetic_data
     from ..train.matching import model_settings
     from ..train.tasks import build_task
     from .tuner import tune
@@ -121,8 +121,7 @@ def run_tune(args) -> int:
         if args.synthetic:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tspp_tune_"))
             per_split = args.samples * max(probe.data.batch_size, probe.data.val_batch_size)
-            write_synthetic(tmp, format=probe.data.format, scans=per_split, progress=False)
-            overrides.append(f"data.root={tmp}")
+            overrides += write_synthetic_data(probe, Path(tmp), per_split)
         elif args.data:
             overrides.append(f"data.root={args.data}")
         config = load_config(args.config, overrides)
