@@ -295,7 +295,7 @@ def plot(report, path) -> None:
     if plt is None:
         return
     rows = report["workloads"]
-    fig, axes = plt.subplots(1, 2, figsize=(15, 4.8))
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5.2))
     for ax, mode in zip(axes, ("inference", "training")):
         series = sorted({k for r in rows for k in r["speedup"][mode]}, key=lambda k: (not k.startswith("spconv"), k))
         groups = [r["workload"] for r in rows] + ["geomean"]
@@ -312,7 +312,7 @@ def plot(report, path) -> None:
         ax.set_ylabel("normalized speedup (spconv 2.3.8, 1 thread = 1)")
         ax.set_title(f"{mode} ({'forward' if mode == 'inference' else 'forward + backward + SGD step'}), "
                      f"ours at {report['threads']} threads; hatched: spconv racy", fontsize=9)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=len(series), loc="upper center", bbox_to_anchor=(0.5, -0.08))
     m = report["machine"]
     fig.suptitle(f"TorchSparse++ workloads on generated scans, torchsparse_pp vs spconv {m['spconv']} (CPU) - "
                  f"{m['cpu_model']}, {m['date']}" + (" (--quick)" if report["quick"] else ""), fontsize=9)
