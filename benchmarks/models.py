@@ -28,7 +28,7 @@ backbone), backward, SGD step (lr 1e-3, momentum 0.9), in train mode. Every time
 fresh SparseTensor / SparseConvTensor (made untimed), so kernel-map building is included.
 Contenders, round-robin per round (benchmarks/common.py interleaved_times), median of --repeats
 rounds after --warmup: ours with the default config (no config set: the per-device default,
-fetch_on_demand on the CPU since issue 14; gather_scatter before) and with
+fetch_on_demand on the CPU) and with
 ConvConfig("fetch_on_demand") for all passes, each at 1 and 2 threads; spconv at 1 thread and at
 2 threads (RACY: its CPU path gives wrong results there; its fastest setting all the same).
 spconv's CPU backward asks torch.cuda for a stream before branching to its CPU path, which raises

@@ -1,6 +1,6 @@
 """bfloat16 autocast on the CPU keeps a trained MinkUNet's per-voxel predictions: argmax under
 torch.autocast("cpu", torch.bfloat16) equals the float32 argmax on >= 99% of the voxels
-(issue 14's target). The model is trained here, briefly, on generated scans with their labels
+(the bf16 target). The model is trained here, briefly, on generated scans with their labels
 (a random-weight network has near-tied logits, so its argmax measures rounding noise rather
 than what a user's model does; benchmarks/e2e_cpu.py reports that worst case too). Whether the
 model learned is judged on a scan it trained on: three scans do not always generalise to a

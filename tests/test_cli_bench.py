@@ -1,5 +1,5 @@
 """Benchmarks write to a new git-ignored benchmarks/out/<name>-<time>/ unless --out; the published
-results (benchmarks/results/, configs/tuned/) change only with --publish (issue 15, item 10)."""
+results (benchmarks/results/, configs/tuned/) change only with --publish."""
 import re
 import shutil
 import subprocess

@@ -1,6 +1,6 @@
 """Bad command lines give one line, ``error: ...``, and exit status 2; --debug or
 TORCHSPARSE_PP_DEBUG=1 shows the traceback; ``python -m torchsparse_pp`` and the installed script
-are the same CLI (issue 15, items 5, 7, 13). Nothing is written by a refused command."""
+are the same CLI. Nothing is written by a refused command."""
 import shutil
 import subprocess
 

@@ -1,5 +1,5 @@
 """Ctrl-C during training saves a checkpoint and prints the exact command that resumes it; the
-run shows one progress bar for all its steps, with an ETA (issue 15, item 9)."""
+run shows one progress bar for all its steps, with an ETA."""
 import csv
 import re
 import shlex

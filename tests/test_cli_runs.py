@@ -1,4 +1,4 @@
-"""A run directory belongs to the run that made it (issue 15, items 1, 2, 5, 6, 8, 13): the real
+"""A run directory belongs to the run that made it: the real
 CLI in a subprocess on tiny generated data, with the files on disk compared before and after."""
 import csv
 import shutil

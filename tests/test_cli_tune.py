@@ -1,4 +1,4 @@
-"""`torchsparse-pp tune` end to end (issue 15, items 3, 4, 11, 12, 13): --out is checked before
+"""`torchsparse-pp tune` end to end: --out is checked before
 the search, the file is named inside a directory, the printed command reproduces the model, a
 mismatch names the setting, few repeats give a warning, the bars and the table agree; the shipped
 CenterPoint backbone files apply from `train`."""

@@ -61,7 +61,7 @@ def test_bad_files(tmp_path, seed):
 
 def test_missing_open3d_names_the_io_extra(tmp_path, monkeypatch, seed):
     monkeypatch.setitem(sys.modules, "open3d", None)  # makes `import open3d` raise ImportError
-    # Reading needs numpy only (issue 18: header-checked readers); writing .pcd/.ply needs open3d.
+    # Reading needs numpy only (header-checked readers); writing .pcd/.ply needs open3d.
     (tmp_path / "a.ply").write_text("ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\n"
                                     "property float y\nproperty float z\nend_header\n1 2 3\n")
     assert io.read_points(tmp_path / "a.ply").tolist() == [[1.0, 2.0, 3.0]]

@@ -366,7 +366,7 @@ def test_out_of_range_raises_the_same_errors(generator):
     for mode in ("spconv", "minkowski"):
         same_error(r"coords row 12 = \(-2, .*\) is outside", "kmap_downsample", bad, [2, 2, 2],
                    [2, 2, 2], [1, 1, 1], [0, 0, 0], mode, None, 128)
-    # A large stride would bring x = 40000 back into range: the input itself is checked (issue 18).
+    # A large stride would bring x = 40000 back into range: the input itself is checked.
     fine = coords.clone()
     fine[40, 1] = 40000
     same_error(r"coords row 40 = \(\d+, 40000, .*\) is outside", "kmap_downsample", fine, [2, 2, 2], [4, 4, 4],
@@ -424,7 +424,7 @@ def test_view_errors_are_the_same(generator):
 
 
 def test_geometry_that_would_overflow_is_rejected():
-    """stride * coordinate beyond int64: both implementations refuse values past 2^20 (issue 18)."""
+    """stride * coordinate beyond int64: both implementations refuse values past 2^20."""
     coords = torch.tensor([[0, 4, 0, 0], [0, -3, 2, 1]], dtype=torch.int32)
     same_error(r"^stride must be at most 2\^20 = 1048576 per axis .*got \[4611686018427387904, 1, 1\]$",
                "kmap_generative", coords, [2, 1, 1], [1 << 62, 1, 1], [1, 1, 1], [0, 0, 0], None, 16)

@@ -350,8 +350,8 @@ def test_validate_plans_is_a_bool(switches):
 
 
 def test_validate_plans_checks_every_op_call(subm_pairs, gen, switches, monkeypatch):
-    """A destination repeated within an offset fails the CPU ops' own check_pairs (issue 18: a
-    parallel scatter would race on it) and the validation, which the switch adds to every
+    """A destination repeated within an offset fails the CPU ops' own check_pairs (a parallel
+    scatter would race on it) and the validation, which the switch adds to every
     wrapper call before the op runs."""
     kmap, pairs = subm_pairs
     (src, dst, offsets, identity), _, pattern = corrupt("repeated_destination", kmap, pairs)

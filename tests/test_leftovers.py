@@ -1,4 +1,4 @@
-"""Known leftovers closed by issue 18, one test each:
+"""Known leftovers, closed, one test each:
 
 1. the CPU check_pairs rejects a destination repeated within an offset, with ops/validate.py's
    message (a parallel scatter would race on it);

@@ -1,5 +1,5 @@
 """Property-based tests of every conv geometry, dataflow and pass against a float64 direct
-reference written here (issue 18, item 1).
+reference written here.
 
 The reference knows nothing of the library's kernel maps: it looks coordinates up in a Python
 dict from (batch, x, y, z) to row and sums W[delta] products over explicit loops of kernel

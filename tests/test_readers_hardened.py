@@ -1,4 +1,4 @@
-"""Hardened readers (issue 18, item 4): SemanticKITTI .bin / .label, nuScenes, .npy, PCD and PLY
+"""Hardened readers: SemanticKITTI .bin / .label, nuScenes, .npy, PCD and PLY
 files that are truncated, misaligned or oversized raise ValueError naming the file (never a
 crash, never silently shortened data); rows holding NaN / Inf are dropped with a warning that
 counts them (or refused); a fuzz test (hypothesis on bytes) feeds mutated and random files to

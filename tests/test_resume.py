@@ -1,4 +1,4 @@
-"""Exact resume and safe checkpoints (issue 18, item 3), through real processes.
+"""Exact resume and safe checkpoints, through real processes.
 
 - Training N steps equals training k steps, killing the process (SIGKILL, no chance to save),
   resuming from step k and training the remaining N - k steps, bit for bit: weights, optimizer

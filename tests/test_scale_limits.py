@@ -1,5 +1,4 @@
-"""Inputs past the memory or int32 limits fail fast, with a clear error, before allocating
-(issue 18, item 5).
+"""Inputs past the memory or int32 limits fail fast, with a clear error, before allocating.
 
 The kernel-map builders check the memory their large temporaries need (the candidate lists of
 strided / generative maps, the submanifold table, the pair lists) against the memory available:
