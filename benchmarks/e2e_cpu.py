@@ -4,7 +4,7 @@ CenterPoint's VoxelResBackBone8x; plus every kernel map of MinkUNet, ours vs spc
 
 Workloads: benchmarks/models.py (the generated 64-beam scan, seed 0; MinkUNet at 0.05 m with
 random features; the backbone on CenterPoint's Waymo grid; BatchNorm statistics randomised; the
-spconv twins of benchmarks/spconv_models.py with our weights copied in). Every timed call gets
+spconv twins of benchmarks/spconv_twins.py with our weights copied in). Every timed call gets
 fresh input tensors, so kernel maps are built inside it.
 
 Contenders (all at --threads, default 2, the machine's cores; spconv also at 1 thread, its only

@@ -10,7 +10,7 @@ Workloads (float32, batch 1):
   Waymo-like grid (CenterPointConfig.waymo(): 0.1 x 0.1 x 0.15 m in [-75.2, 75.2]^2 x [-2, 4]);
   the fifth point feature (Waymo's elongation) is drawn uniformly from [0, 1).
 
-spconv models (benchmarks/spconv_models.py): the same layer lists in the same order, built from
+spconv models (benchmarks/spconv_twins.py): the same layer lists in the same order, built from
 SubMConv3d / SparseConv3d / SparseInverseConv3d with indice_key (map reuse like our cache),
 BatchNorm1d, ReLU and SparseSequential; equal parameter counts are asserted, and our weights
 (random, BatchNorm statistics and affine parameters randomised too) are copied into them.
@@ -88,7 +88,7 @@ class Workload:
 
     def __init__(self, name: str, ours: nn.Module, kind: str, twin_kwargs: dict, coords: torch.Tensor,
                  feats: torch.Tensor, shape: List[int], labels: torch.Tensor = None):
-        from spconv_models import build_spconv_twin
+        from spconv_twins import build_spconv_twin
         self.name, self.kind = name, kind
         self.coords, self.feats, self.shape, self.labels = coords, feats, [int(s) for s in shape], labels
         randomise_batchnorm(ours, seed=1)
@@ -189,7 +189,7 @@ def check(w: Workload, ours_models: Dict[str, nn.Module], device, cpu: bool) -> 
     spconv in float64: in float32 the gradients of these deep random networks carry ~1e-2 of
     rounding in either library (measured: both differ from their float64 gradients by that
     much), which would hide a real difference; in float64 equal work agrees to ~1e-13."""
-    from spconv_models import ours_kernel_to_spconv, SPCONV_CONVS
+    from spconv_twins import ours_kernel_to_spconv, SPCONV_CONVS
     result = {"output_rel_err": {}, "tolerance": TOLERANCE}
     with (num_threads(1) if cpu else _null()), torch.no_grad():
         w.spconv.eval()
@@ -340,7 +340,7 @@ def main(argv=None):
     if args.repeats < 1 or args.warmup < 0:
         parser.error("--repeats must be >= 1 and --warmup >= 0")
     try:
-        import spconv_models  # noqa: F401  (imports spconv.pytorch)
+        import spconv_twins  # noqa: F401  (imports spconv.pytorch)
     except ImportError as e:
         sys.exit(f"spconv is required ({e}): pip install spconv==2.3.8 (spconv-cu126 for --device cuda)")
     device = torch.device(args.device)

@@ -249,7 +249,7 @@ def main(argv=None) -> int:
         args.repeats, args.warmup = 1, 0
     check_round_arguments(parser, args)
     try:
-        import spconv_models  # noqa: F401  (imports spconv.pytorch)
+        import spconv_twins  # noqa: F401  (imports spconv.pytorch)
     except ImportError as err:
         parser.error(f"spconv is required ({err}): pip install spconv==2.3.8")
     from models import patch_spconv_cpu_backward
