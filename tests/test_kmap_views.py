@@ -441,7 +441,7 @@ def counting_validation(monkeypatch):
             return function(*args, **kwargs)
         return run
 
-    monkeypatch.setattr(kernel_map, "validates_views", lambda device: True)
+    monkeypatch.setattr(kernel_map, "validates_views", lambda device, backend: True)
     monkeypatch.setattr(kernel_map, "validate_pairs", counted("pairs", validate_pairs))
     monkeypatch.setattr(kernel_map, "validate_table", counted("table", validate_table))
     monkeypatch.setattr(kernel_map, "validate_plan", counted("plan", validate_plan))

@@ -44,9 +44,18 @@ weight gradient where both run register kernels; AVX2 leaves weights wider than 
 float tiles, which are faster there). The environment variables
 TSPP_DISABLE_AVX512_KERNELS=1 and TSPP_DISABLE_PAIR_KERNEL=1 set the start value to "avx2" /
 "none".
+
+``device_policy("cuda")`` (a context manager): CPU tensors take every decision CUDA tensors take
+(default dataflows and backends, the kernel-map builder and its view validation, which kernels
+run: Triton, under ``TRITON_INTERPRET=1``) instead of the CPU's. Nothing runs faster; it lets a
+machine without a GPU run, test and count (torchsparse_pp.utils.gpu_cost) the CUDA path's work.
+``decision_device_type(device)`` is the device type the library decides for.
 """
+import contextlib
 import sys
 import types
+
+import torch
 
 
 def _check_bool(name: str, value) -> bool:
@@ -119,6 +128,32 @@ def available_cpu_kernels() -> tuple:
         found.append(isa)
     ops.cpu_set_register_isa(start)
     return tuple(found)
+
+
+DEVICE_POLICIES = ("cuda",)
+_device_policy = None
+
+
+@contextlib.contextmanager
+def device_policy(device_type: str):
+    """Within the block, CPU tensors take the decisions of ``device_type`` tensors (see above)."""
+    global _device_policy
+    if device_type not in DEVICE_POLICIES:
+        raise ValueError(f"device_policy takes one of {DEVICE_POLICIES}, got {device_type!r}")
+    outer, _device_policy = _device_policy, device_type
+    try:
+        yield
+    finally:
+        _device_policy = outer
+
+
+def decision_device_type(device) -> str:
+    """The device type whose decisions tensors on ``device`` take: the device_policy's for CPU
+    tensors inside one, else the device's own."""
+    kind = torch.device(device).type
+    if kind == "cpu" and _device_policy is not None:
+        return _device_policy
+    return kind
 
 
 class _Backends(types.ModuleType):

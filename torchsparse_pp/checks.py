@@ -1,4 +1,5 @@
 """Argument checks that turn bad user input into clear exceptions before any kernel runs."""
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -11,7 +12,29 @@ SPATIAL_MAX = (1 << 15) - 1
 COORD_RANGE_TEXT = f"batch in [0, {BATCH_MAX}], x/y/z in [{SPATIAL_MIN}, {SPATIAL_MAX}]"
 
 
-def check_coords(coords: torch.Tensor, spatial_range: Optional[Triple] = None) -> None:
+def check_sparse_tensor(coords: torch.Tensor, feats: torch.Tensor, spatial_range: Optional[Triple]) -> None:
+    """A SparseTensor's parts: every check of check_coords and check_feats, with the values read
+    back in one host copy (the coordinates' bounds and the features' min / max together: one
+    synchronisation on a GPU)."""
+    _check_coords_form(coords)
+    if coords.device.type == "meta" or torch.compiler.is_compiling():
+        check_coords(coords, spatial_range)
+        check_feats(feats, coords.shape[0])
+        return
+    _check_feats_form(feats, coords.shape[0])
+    if feats.device.type == "meta":
+        return check_coords(coords, spatial_range)
+    check_same_device(feats, coords)
+    coord_bounds = torch.stack(torch.aminmax(coords, dim=0)).to(torch.float64).flatten()
+    feat_bounds = (torch.stack(torch.aminmax(feats)).to(torch.float64) if feats.numel()
+                   else torch.zeros(2, dtype=torch.float64, device=feats.device))
+    values = torch.cat([coord_bounds, feat_bounds]).tolist()
+    _check_coord_bounds([int(v) for v in values[:4]], [int(v) for v in values[4:8]], spatial_range)
+    if not all(math.isfinite(v) for v in values[8:]):
+        raise ValueError("feats contain NaN or Inf values")
+
+
+def _check_coords_form(coords: torch.Tensor) -> None:
     if not isinstance(coords, torch.Tensor):
         raise TypeError(f"coords must be a torch.Tensor, got {type(coords).__name__}")
     if coords.dtype != torch.int32:
@@ -22,6 +45,10 @@ def check_coords(coords: torch.Tensor, spatial_range: Optional[Triple] = None) -
         raise ValueError(f"coords must have shape [N, 4] (batch, x, y, z), got {list(coords.shape)}")
     if coords.shape[0] == 0:
         raise ValueError("coords are empty: a SparseTensor needs at least one point")
+
+
+def check_coords(coords: torch.Tensor, spatial_range: Optional[Triple] = None) -> None:
+    _check_coords_form(coords)
     if coords.device.type == "meta":
         return
     if torch.compiler.is_compiling():
@@ -35,7 +62,11 @@ def check_coords(coords: torch.Tensor, spatial_range: Optional[Triple] = None) -
                             f"coords outside the supported range ({COORD_RANGE_TEXT})"
                             + ("" if spatial_range is None else f" or spatial_range {tuple(spatial_range)}"))
         return
-    lo, hi = (t.tolist() for t in torch.aminmax(coords, dim=0))  # one pass (amin + amax took two)
+    lo, hi = torch.stack(torch.aminmax(coords, dim=0)).tolist()  # one pass (amin + amax took two), one read
+    _check_coord_bounds(lo, hi, spatial_range)
+
+
+def _check_coord_bounds(lo, hi, spatial_range: Optional[Triple]) -> None:
     if lo[0] < 0 or hi[0] > BATCH_MAX or min(lo[1:]) < SPATIAL_MIN or max(hi[1:]) > SPATIAL_MAX:
         raise ValueError(f"coords span batch [{lo[0]}, {hi[0]}], x [{lo[1]}, {hi[1]}], y [{lo[2]}, "
                          f"{hi[2]}], z [{lo[3]}, {hi[3]}]; the supported range is {COORD_RANGE_TEXT}")
@@ -45,7 +76,7 @@ def check_coords(coords: torch.Tensor, spatial_range: Optional[Triple] = None) -
                              f"outside spatial_range {tuple(spatial_range)} (each axis must lie in [0, size))")
 
 
-def check_feats(feats: torch.Tensor, num_points: Optional[int] = None) -> None:
+def _check_feats_form(feats: torch.Tensor, num_points: Optional[int]) -> None:
     if not isinstance(feats, torch.Tensor):
         raise TypeError(f"feats must be a torch.Tensor, got {type(feats).__name__}")
     if not feats.is_floating_point():
@@ -58,6 +89,10 @@ def check_feats(feats: torch.Tensor, num_points: Optional[int] = None) -> None:
                          "they must describe the same points")
     if feats.shape[1] == 0:
         raise ValueError("feats have zero channels")
+
+
+def check_feats(feats: torch.Tensor, num_points: Optional[int] = None) -> None:
+    _check_feats_form(feats, num_points)
     if feats.device.type == "meta":
         return
     if torch.compiler.is_compiling():

@@ -23,8 +23,7 @@ class SparseTensor:
     def __init__(self, feats: torch.Tensor, coords: torch.Tensor, stride: IntOr3 = 1,
                  spatial_range: Optional[Sequence[int]] = None):
         spatial_range = checks.check_spatial_range(spatial_range)
-        checks.check_coords(coords, spatial_range)
-        checks.check_feats(feats, coords.shape[0])
+        checks.check_sparse_tensor(coords, feats, spatial_range)
         checks.check_same_device(feats, coords)
         self._feats = feats
         self._coords = coords

@@ -16,19 +16,32 @@ from .kernel_map import OUT_IN_ROW_PADDING, GeometryKey, KernelMap
 DOWNSAMPLE_MODES = ("spconv", "minkowski")
 
 
-def _now() -> float:
-    """The build clock; 0 while torch.compile / export traces (no clock, no sync in a graph)."""
-    return 0.0 if torch.compiler.is_compiling() else time.perf_counter()
-
-
-def _elapsed(started: float, result: torch.Tensor) -> float:
-    """Seconds since ``started``, once the device has finished building ``result`` (0.0 for a
-    map built in a traced graph: its build is not timed)."""
+def _now(device: torch.device):
+    """The build clock: host seconds, or on a GPU a recorded CUDA event (read without
+    synchronising); 0 while torch.compile / export traces (no clock in a graph)."""
     if torch.compiler.is_compiling():
         return 0.0
-    if result.is_cuda:
-        torch.cuda.synchronize(result.device)
-    return time.perf_counter() - started
+    if device.type == "cuda":
+        start = torch.cuda.Event(enable_timing=True)
+        start.record(torch.cuda.current_stream(device))
+        return start
+    return time.perf_counter()
+
+
+def _elapsed(started, result: torch.Tensor):
+    """The build's seconds since ``started``: a float for host clocks, else a function that waits
+    for the end event when first asked (KernelMap.build_seconds), so building never synchronises."""
+    if torch.compiler.is_compiling():
+        return 0.0
+    if not isinstance(started, torch.cuda.Event):
+        return time.perf_counter() - started
+    end = torch.cuda.Event(enable_timing=True)
+    end.record(torch.cuda.current_stream(result.device))
+
+    def seconds() -> float:
+        end.synchronize()
+        return started.elapsed_time(end) / 1e3
+    return seconds
 
 
 def submanifold_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGeometry,
@@ -37,7 +50,7 @@ def submanifold_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvG
 
     def build() -> KernelMap:
         backend = kmap_backend_for(coords.device)
-        started = _now()
+        started = _now(coords.device)
         out_in = kmap_ops(backend).kmap_submanifold(coords, geometry.kernel_size, geometry.dilation,
                                                     geometry.padding, OUT_IN_ROW_PADDING)
         return KernelMap(coords, coords, geometry, "submanifold", out_in, spatial_range, spatial_range,
@@ -56,7 +69,7 @@ def strided_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGeome
 
     def build() -> KernelMap:
         backend = kmap_backend_for(coords.device)
-        started = _now()
+        started = _now(coords.device)
         clip = None
         if spatial_range is None:
             out_range = None
@@ -84,7 +97,7 @@ def generative_map(cache: KernelMapCache, coords: torch.Tensor, geometry: ConvGe
 
     def build() -> KernelMap:
         backend = kmap_backend_for(coords.device)
-        started = _now()
+        started = _now(coords.device)
         fine_range = None if spatial_range is None else geometry.transposed_output_size(spatial_range)
         if fine_range is not None and min(fine_range) < 1:
             raise ValueError(f"spatial_range {spatial_range} gives an empty transposed output {fine_range}")

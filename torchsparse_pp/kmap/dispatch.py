@@ -18,7 +18,7 @@ def kmap_backend_for(device: torch.device) -> str:
     device = torch.device(device)
     name = backends.kmap_backend
     if name is None:
-        return "native" if device.type == "cpu" else "torch"
+        return "native" if backends.decision_device_type(device) == "cpu" else "torch"
     if name == "native":
         if device.type == "cuda" and not torch.ops.torchsparse_pp.cuda_built():
             raise RuntimeError("torchsparse_pp.backends.kmap_backend = 'native' needs the CUDA kernels for maps "

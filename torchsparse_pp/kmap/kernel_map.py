@@ -4,7 +4,8 @@ from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 import torch
 
-from .. import ops
+from .. import backends, ops
+from ..host import host_views, mark_host, to_host
 from ..ops.validate import validate_pairs, validate_plan, validate_table
 from .dispatch import kmap_backend_for, kmap_ops
 from .geometry import ConvGeometry, Triple
@@ -31,9 +32,11 @@ class PairsView:
     ``[offsets[k], offsets[k+1])``, sorted by output or input row; each output and each input
     appears once per offset.
 
-    ``host_offsets`` and ``host_identity`` are CPU copies of ``offsets`` and ``identity``, read
-    once when the view was built (the same tensors for CPU maps): schedules that loop over the
-    offsets on the host (gather_scatter) read them instead of the device, so no call synchronises.
+    ``host_offsets`` and ``host_identity`` are CPU copies of ``offsets`` and ``identity`` (the
+    same tensors for maps the CPU path decides for), read from the device once, when first asked:
+    schedules that loop over the offsets on the host (gather_scatter) read them, so no later call
+    synchronises, and dataflows that read the counts on the device (fetch_on_demand,
+    implicit_gemm) never cost the read. ``host`` holds them once read (validation brings them).
 
     (A plain dataclass, not a frozen one: torch.compile can rebuild it when a traced graph
     returns a cache that holds it.)
@@ -42,8 +45,26 @@ class PairsView:
     out_idx: torch.Tensor
     offsets: torch.Tensor
     identity: torch.Tensor
-    host_offsets: torch.Tensor
-    host_identity: torch.Tensor
+    host: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+
+    def _host(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.host is None:
+            if backends.decision_device_type(self.offsets.device) == "cpu":
+                self.host = (self.offsets, self.identity)
+            else:  # one read for both
+                k = self.identity.numel()
+                both = to_host(torch.cat([self.offsets, self.identity.to(self.offsets.dtype)]))
+                offsets, identity = host_views(both, 0, k + 1, 2 * k + 1)
+                self.host = (offsets, mark_host(identity.bool()))
+        return self.host
+
+    @property
+    def host_offsets(self) -> torch.Tensor:
+        return self._host()[0]
+
+    @property
+    def host_identity(self) -> torch.Tensor:
+        return self._host()[1]
 
     @property
     def pairs_per_offset(self) -> torch.Tensor:
@@ -55,12 +76,16 @@ class PairsView:
         return self.host_offsets.diff().tolist()
 
 
-def validates_views(device: torch.device) -> bool:
-    """Whether views of maps on ``device`` are validated when built: on GPUs, whose kernels check
-    nothing per call; the CPU ops check their arguments on every call. Not while torch.compile /
-    export traces: validation reads its findings on the host, which a graph must not do
-    (``backends.validate_plans`` still validates in the ops when the graph runs)."""
-    return device.type != "cpu" and not torch.compiler.is_compiling()
+def validates_views(device: torch.device, backend: str) -> bool:
+    """Whether views of maps on ``device`` built by ``backend`` are validated when built (one host
+    read each): on GPUs, whose kernels check nothing per call (the CPU ops check their arguments
+    on every call), for maps of the native CUDA builders, which have not yet run on a GPU. Maps of
+    the torch and Triton builders, equal to the native CPU maps in every mode (tests/test_kmap_*),
+    are trusted, so a GPU forward reads nothing back for them. Never while torch.compile / export
+    traces: validation reads its findings on the host, which a graph must not do.
+    ``backends.validate_plans`` validates in the ops on every call, whatever built the map."""
+    return (backends.decision_device_type(device) != "cpu" and backend == "native"
+            and not torch.compiler.is_compiling())
 
 
 class KernelMap:
@@ -89,7 +114,7 @@ class KernelMap:
         self.out_in = out_in
         self.in_range = in_range
         self.out_range = out_range
-        self.build_seconds = build_seconds
+        self._build_seconds = build_seconds
         self.backend = kmap_backend_for(out_in.device) if backend is None else backend
         kmap_ops(self.backend)  # rejects an unknown name now rather than at the first view
         self._pairs: Dict[str, PairsView] = {}
@@ -97,6 +122,13 @@ class KernelMap:
         self._plans: Dict[Tuple[str, int, int, int], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._validated_tables: Set[str] = set()
         self._row_groups: Dict[Tuple[str, int, int, int], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def build_seconds(self) -> float:
+        """Seconds the build took (on a GPU read from CUDA events, which waits for the build)."""
+        if callable(self._build_seconds):
+            self._build_seconds = self._build_seconds()
+        return self._build_seconds
 
     @property
     def geometry(self) -> ConvGeometry:
@@ -136,7 +168,9 @@ class KernelMap:
             if side == "out":
                 ins, outs, offsets, identity = self._ops.kmap_pairs(self.out_in, self.num_in, self.num_out)
             elif side == "in" and self.symmetric and not torch.compiler.is_compiling():
-                ins, outs, offsets, identity = self._mirrored(self.pairs_sorted_by("out"))
+                out = self.pairs_sorted_by("out")
+                on_host = backends.decision_device_type(out.offsets.device) == "cpu"
+                ins, outs, offsets, identity = self._mirrored(out) if on_host else self._mirrored_on_device(out)
             elif side == "in" and self._out_sorted_by_in():
                 out = self.pairs_sorted_by("out")
                 ins, outs, offsets, identity = out.in_idx, out.out_idx, out.offsets, out.identity
@@ -145,14 +179,12 @@ class KernelMap:
                 outs, ins, offsets, identity = self._ops.kmap_pairs(self.in_out, self.num_out, self.num_in)
             else:
                 raise ValueError(f"side must be 'out' or 'in', got {side!r}")
-            if validates_views(offsets.device):
+            host = None
+            if validates_views(offsets.device, self.backend):
                 # One pass on the device; its single read to the host also brings the counts.
-                host_offsets, host_identity = validate_pairs(ins, outs, offsets, identity, self.num_in, self.num_out,
-                                                             sorted_by="dst" if side == "out" else "src",
-                                                             unique_src=True)
-            else:
-                host_offsets, host_identity = offsets, identity
-            self._pairs[side] = PairsView(ins, outs, offsets, identity, host_offsets, host_identity)
+                host = validate_pairs(ins, outs, offsets, identity, self.num_in, self.num_out,
+                                      sorted_by="dst" if side == "out" else "src", unique_src=True)
+            self._pairs[side] = PairsView(ins, outs, offsets, identity, host)
         return self._pairs[side]
 
     def _out_sorted_by_in(self) -> bool:
@@ -163,7 +195,7 @@ class KernelMap:
         kmap_transpose + kmap_pairs (~2-4 ms per MinkUNet 0.5x inference by the profiler).
         Checked on CPU maps only (the check reads its answer on the host)."""
         out = self.pairs_sorted_by("out")
-        if out.in_idx.device.type != "cpu" or torch.compiler.is_compiling():
+        if backends.decision_device_type(out.in_idx.device) != "cpu" or torch.compiler.is_compiling():
             return False
         if out.in_idx.numel() < 2:
             return True
@@ -188,6 +220,18 @@ class KernelMap:
         torch.cumsum(out.host_offsets.diff().flip(0), 0, out=offsets[1:])
         return in_idx, out_idx, offsets.to(out.offsets.device), out.identity.flip(0)
 
+    @staticmethod
+    def _mirrored_on_device(out: PairsView) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """_mirrored with no host read: each position of the mirrored lists finds its offset k by
+        searchsorted and reads position ``p - new_offsets[k]`` of offset K-1-k's segment."""
+        K = out.identity.numel()
+        offsets = torch.zeros_like(out.offsets)
+        torch.cumsum(out.offsets.diff().flip(0), 0, out=offsets[1:])
+        position = torch.arange(out.in_idx.numel(), device=out.in_idx.device)
+        k = torch.searchsorted(offsets[1:], position, right=True)
+        source = out.offsets[K - 1 - k] + position - offsets[k]
+        return out.out_idx[source], out.in_idx[source], offsets, out.identity.flip(0)
+
     @property
     def in_out(self) -> torch.Tensor:
         """Output-stationary view of the transposed map: ``in_out[p, k]`` = the output that reads
@@ -208,7 +252,7 @@ class KernelMap:
             raise ValueError(f"side must be 'out' or 'in', got {side!r}")
         table = self.out_in if side == "out" else self.in_out
         if side not in self._validated_tables:
-            if validates_views(table.device):
+            if validates_views(table.device, self.backend):
                 validate_table(table, *self._rows_and_sources(side))
             self._validated_tables.add(side)
         return table
@@ -220,7 +264,7 @@ class KernelMap:
             rows, sources = self._rows_and_sources(side)
             table = self.table(side)
             plan = self._ops.kmap_plan(table, rows, split_mask_num, tile_rows, sort_window)
-            if validates_views(table.device):
+            if validates_views(table.device, self.backend):
                 validate_plan(table, rows, sources, *plan, tile_rows)
             self._plans[key] = plan
         return self._plans[key]

@@ -4,8 +4,9 @@ output-stationary tables and implicit-GEMM plans.
 The GPU kernels (native CUDA and Triton) trust these: a bad index would fault the device or read
 another tensor's memory, and a plan that misses a neighbour would drop it silently. The library
 therefore validates each view of a kernel map once, when it builds and caches it (KernelMap, on
-GPUs; the CPU ops check their arguments on every call anyway), and a conv call afterwards only
-launches kernels: no host copy, no synchronisation, capturable in a CUDA graph.
+GPUs, for maps of the native CUDA builders; see kernel_map.validates_views; the CPU ops check
+their arguments on every call anyway), and a conv call afterwards only launches kernels: no host
+copy, no synchronisation, capturable in a CUDA graph.
 ``torchsparse_pp.backends.validate_plans = True`` makes the op wrappers of torchsparse_pp.ops
 validate their arguments before every call (tests, debugging).
 
@@ -16,6 +17,8 @@ CPU ops' checks.
 from typing import List, Optional, Tuple
 
 import torch
+
+from ..host import mark_host, to_host
 
 SORT_SIDES = (None, "src", "dst")
 
@@ -94,10 +97,11 @@ def validate_pairs(src_idx: torch.Tensor, dst_idx: torch.Tensor, offsets: torch.
         elif unique_src:
             src_repeats = _repeats(src, segment, num_src, volume)
     host = torch.cat([off, ident.long(), torch.stack(scalars).long(), identity_count, identity_rows, dst_repeats,
-                      src_repeats]).cpu()
+                      src_repeats])
+    host = to_host(host)
     values: List[int] = host.tolist()
-    host_offsets = host[:volume + 1].clone()
-    host_identity = host[volume + 1:2 * volume + 1].bool()
+    host_offsets = mark_host(host[:volume + 1].clone())
+    host_identity = mark_host(host[volume + 1:2 * volume + 1].bool())
     o = values[:volume + 1]
     bad_bounds, src_range, dst_range = values[2 * volume + 1:2 * volume + 4]
     per_k = [values[2 * volume + 4 + i * volume:2 * volume + 4 + (i + 1) * volume] for i in range(4)]

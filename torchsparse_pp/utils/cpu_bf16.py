@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from .. import backends
+
 
 def _onednn_bf16() -> bool:
     try:
@@ -25,7 +27,7 @@ ONEDNN_BF16 = _onednn_bf16()
 
 def bf16_gemm_emulated(t: torch.Tensor) -> bool:
     """True for a CPU bfloat16 tensor on a CPU where ATen's bfloat16 GEMM is the slow reference loop."""
-    return t.dtype == torch.bfloat16 and t.device.type == "cpu" and not ONEDNN_BF16
+    return t.dtype == torch.bfloat16 and backends.decision_device_type(t.device) == "cpu" and not ONEDNN_BF16
 
 
 def _to(value, dtype):

@@ -16,6 +16,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
+from ... import backends
 from ...ops.triton import runtime as triton_runtime
 from ...ops.triton.tiles import check_tile_name
 
@@ -158,12 +159,28 @@ ConfigLike = Union[ConvConfig, PassConfigs, Sequence[ConvConfig]]
 
 # What a conv with no config anywhere runs, per device type. CPU: fetch_on_demand for every
 # pass, the fastest on the MinkUNet and CenterPoint layers in forward, dgrad and wgrad
-# (benchmarks/defaults_cpu.py; docs/benchmarks.md has the numbers). CUDA: gather_scatter (cuBLAS
-# GEMMs) until a GPU run measures the dataflows there (docs/gpu.md).
+# (benchmarks/defaults_cpu.py; docs/benchmarks.md has the numbers). CUDA: one launch per pass,
+# chosen per layer (CUDA_LAYER_DEFAULTS below); this entry is for convs whose layer is not known.
 DEVICE_DEFAULTS = {
     "cpu": PassConfigs.of(ConvConfig("fetch_on_demand")),
-    "cuda": PassConfigs.of(ConvConfig("gather_scatter")),
+    "cuda": PassConfigs.of(ConvConfig("fetch_on_demand")),
 }
+# CUDA per layer, TorchSparse++'s rule of thumb until a GPU run tunes it (docs/gpu.md):
+# submanifold layers with at least this many input and output channels run sorted implicit GEMM
+# (dense tiles over all offsets of a row, reordered by neighbour mask), all others
+# fetch_on_demand (one launch over the pairs of every offset; strided layers have few pairs per
+# offset). Both read their counts on the device: no host sync per call.
+CUDA_IMPLICIT_GEMM_MIN_CHANNELS = 64
+CUDA_LAYER_DEFAULTS = {
+    "large_submanifold": PassConfigs.of(ConvConfig("implicit_gemm", sorted=True)),
+    "other": PassConfigs.of(ConvConfig("fetch_on_demand")),
+}
+
+
+def layer_kind(submanifold: bool, in_channels: int, out_channels: int) -> str:
+    """The CUDA_LAYER_DEFAULTS entry of a layer."""
+    large = min(in_channels, out_channels) >= CUDA_IMPLICIT_GEMM_MIN_CHANNELS
+    return "large_submanifold" if submanifold and large else "other"
 
 # Devices without an entry run ConvConfig() (gather_scatter).
 _FALLBACK = PassConfigs.of(ConvConfig())
@@ -190,11 +207,15 @@ def set_default_config(config: Optional[ConfigLike]) -> None:
     _set(None if config is None else PassConfigs.of(config))
 
 
-def get_default_config(device_type: str = "cpu") -> PassConfigs:
+def get_default_config(device_type: str = "cpu", layer: Optional[str] = None) -> PassConfigs:
     """The configs a conv without its own runs on ``device_type``: the global default if one is
-    set, else the device's default."""
+    set, else the device's default (on CUDA, that of the ``layer`` kind, ``layer_kind``, when given)."""
     current = _Traced.default if torch.compiler.is_compiling() else _default.get()
-    return current or DEVICE_DEFAULTS.get(device_type, _FALLBACK)
+    if current is not None:
+        return current
+    if device_type == "cuda" and layer is not None:
+        return CUDA_LAYER_DEFAULTS[layer]
+    return DEVICE_DEFAULTS.get(device_type, _FALLBACK)
 
 
 @contextlib.contextmanager
@@ -222,7 +243,11 @@ def available_dataflows(device_type: str, backend: str):
     return IMPLEMENTED.get(device_type, ())
 
 
-def _resolve(configs: PassConfigs, device_type: str) -> Tuple[ConvConfig, ConvConfig, ConvConfig]:
+def _resolve(configs: PassConfigs, device_type: str, run_type: Optional[str] = None
+             ) -> Tuple[ConvConfig, ConvConfig, ConvConfig]:
+    """Backends filled in by ``device_type``'s rules; Triton's availability is checked for
+    ``run_type``, the tensors' own device type (they differ under backends.device_policy)."""
+    run_on = torch.device(run_type or device_type)
     resolved = []
     for name, cfg in zip(("forward", "dgrad", "wgrad"), configs):
         backend = cfg.backend or DEFAULT_BACKEND.get(device_type, "native")
@@ -233,7 +258,7 @@ def _resolve(configs: PassConfigs, device_type: str) -> Tuple[ConvConfig, ConvCo
                 f"backend" + (f"; available there: {', '.join(available)}" if available
                               else f"; torchsparse_pp has no {backend} {device_type} kernels in this build"))
         if backend == "triton":
-            triton_runtime.require(torch.device(device_type))
+            triton_runtime.require(run_on)
         resolved.append(_with_backend(cfg, backend))
     return tuple(resolved)
 
@@ -275,8 +300,8 @@ def configs_from_text(text: str) -> PassConfigs:
     return PassConfigs(*(ConvConfig(**{f: value(f, p[f]) for f in _TEXT_FIELDS}) for p in passes))
 
 
-def _resolve_with_text(configs: PassConfigs, device_type: str):
-    resolved = _resolve(configs, device_type)
+def _resolve_with_text(configs: PassConfigs, device_type: str, run_type: str):
+    resolved = _resolve(configs, device_type, run_type)
     return resolved, configs_to_text(PassConfigs(*resolved))
 
 
@@ -289,13 +314,17 @@ _resolve_with_text._dynamo_marked_constant = True
 _resolve_with_text_at_trace_time = _resolve_with_text
 
 
-def resolve_for_call(config: Optional[ConfigLike], device_type: str) -> Tuple[PassConfigs, str]:
-    """resolve_configs and the configs' text (memoised), for one conv call."""
-    configs = get_default_config(device_type) if config is None else PassConfigs.of(config)
+def resolve_for_call(config: Optional[ConfigLike], device: torch.device, layer: Optional[str] = None
+                     ) -> Tuple[PassConfigs, str]:
+    """resolve_configs and the configs' text (memoised), for one conv call on tensors on
+    ``device`` (deciding as backends.decision_device_type says) of a ``layer_kind`` layer."""
+    run_type = device.type
+    device_type = backends.decision_device_type(device)
+    configs = get_default_config(device_type, layer) if config is None else PassConfigs.of(config)
     if torch.compiler.is_compiling():
-        resolved, text = _resolve_with_text_at_trace_time(configs, device_type)
+        resolved, text = _resolve_with_text_at_trace_time(configs, device_type, run_type)
         return PassConfigs(*resolved), text
-    resolved = PassConfigs(*_resolve(configs, device_type))
+    resolved = PassConfigs(*_resolve(configs, device_type, run_type))
     text = _TEXTS.get(resolved)
     if text is None:
         text = _TEXTS[resolved] = configs_to_text(resolved)

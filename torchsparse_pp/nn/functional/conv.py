@@ -12,7 +12,7 @@ from ...kmap import (ConvGeometry, KernelMap, generative_map, strided_map, subma
                      transposed_source_map)
 from ...kmap.geometry import IntOr3
 from ...tensor import SparseTensor
-from .config import ConfigLike, PassConfigs, resolve_for_call
+from .config import ConfigLike, PassConfigs, layer_kind, resolve_for_call
 from .cpu_half import computes_in_float32, widened
 from .dataflows import OrientedMap, sparse_conv
 from .epilogue import Epilogue, forward_with_epilogue, pointwise_forward
@@ -51,7 +51,7 @@ def _cast_operands(feats: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
         feats, weight = feats.to(dtype), weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
     for backend in sorted({configs.forward.backend, configs.dgrad.backend, configs.wgrad.backend}):
-        supported = SUPPORTED_DTYPES.get((device_type, backend), ())
+        supported = SUPPORTED_DTYPES.get((backends.decision_device_type(feats.device), backend), ())
         if feats.dtype not in supported:
             raise TypeError(f"sparse conv on {device_type} with the {backend} backend supports "
                             f"{[str(d) for d in supported]}, got {feats.dtype}")
@@ -81,10 +81,12 @@ def _finer_stride(input: SparseTensor, geometry: ConvGeometry):
 
 
 def _prepared(input: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tensor], geometry: ConvGeometry,
-              config: Optional[ConfigLike]):
-    """Checked operands, cast as autocast and the configs' backends need, and the configs."""
+              config: Optional[ConfigLike], submanifold: bool):
+    """Checked operands, cast as autocast and the configs' backends need, and the configs (a
+    ``submanifold`` layer's: outputs on its input coordinates)."""
     _check_operands(input, weight, bias, geometry)
-    configs, text = resolve_for_call(config, input.device.type)
+    layer = layer_kind(submanifold, weight.shape[1], weight.shape[2])
+    configs, text = resolve_for_call(config, input.device, layer)
     return (configs, text, *_cast_operands(input.F, weight, bias, configs))
 
 
@@ -119,7 +121,8 @@ def conv3d_with_geometry(input: SparseTensor, weight: torch.Tensor, geometry: Co
     checked once, when they are built)."""
     if generative and not transposed:
         raise ValueError("generative=True needs transposed=True (it is a generative transposed conv)")
-    configs, text, feats, weight, bias = _prepared(input, weight, bias, geometry, config)
+    submanifold = geometry.is_unit_stride and not generative
+    configs, text, feats, weight, bias = _prepared(input, weight, bias, geometry, config, submanifold)
     cache, coords = input.cache, input.C
     stride_out, range_out = input.s, input.spatial_range
 
@@ -167,7 +170,8 @@ def conv3d_over_map(input: SparseTensor, weight: torch.Tensor, kmap: KernelMap, 
         raise ValueError("conv3d_over_map: the input's coordinates must be the map's "
                          f"{'output' if transposed else 'input'} coordinates (the same tensor)")
     geometry = kmap.geometry
-    configs, text, feats, weight, bias = _prepared(input, weight, bias, geometry, config)
+    configs, text, feats, weight, bias = _prepared(input, weight, bias, geometry, config,
+                                                   kmap.mode == "submanifold")
     out = _run(configs, text, feats, weight, bias, kmap, transposed, None)
     if transposed:
         return SparseTensor._derive(out, kmap.in_coords, _finer_stride(input, geometry), kmap.in_range, input.cache)

@@ -51,7 +51,7 @@ def _native_kernels(feats: torch.Tensor, *others: Optional[torch.Tensor]) -> boo
     of one dtype, eager or compiled (a compiled graph traces the same ops, so it rounds as eager
     does: ATen's float32 backward drifts by percents on the few points of a coarse level),
     unless backends.native_batch_norm is off."""
-    return (backends.native_batch_norm and feats.device.type == "cpu" and feats.dtype in (torch.float32, torch.float64)
+    return (backends.native_batch_norm and backends.decision_device_type(feats.device) == "cpu" and feats.dtype in (torch.float32, torch.float64)
             and feats.dim() == 2
             and feats.is_contiguous()
             and all(t is None or (t.dtype == feats.dtype and t.device == feats.device) for t in others))

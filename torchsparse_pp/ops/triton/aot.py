@@ -26,7 +26,7 @@ MODES: Tuple[Tuple[str, str, str, str, str], ...] = (
 POINTERS = {
     "feats_ptr": "feats", "w_ptr": "feats", "grad_ptr": "feats", "src_ptr": "*i32", "dst_ptr": "*i32",
     "table_ptr": "*i32", "order_ptr": "*i32", "idx_ptr": "*i32", "pair_offsets_ptr": "*i64",
-    "tile_starts_ptr": "*i64", "masks_ptr": "*i64", "bounds_ptr": "*i64", "split_of_offset_ptr": "*i64",
+    "masks_ptr": "*i64", "bounds_ptr": "*i64", "split_of_offset_ptr": "*i64",
     "nonfinite_ptr": "*i32", "flags_ptr": "*i32",
     "values_ptr": "feats",
 }
@@ -35,10 +35,11 @@ POINTERS = {
 OUTPUTS = {
     "fod_forward_kernel": ("acc",), "fod_forward_owned_kernel": ("feats",), "fod_wgrad_kernel": ("acc",),
     "ig_forward_kernel": ("feats", "acc"), "ig_wgrad_kernel": ("acc",), "gather_rows_kernel": ("feats",),
-    "scatter_add_rows_kernel": ("acc",), "ig_nonfinite_kernel": ("feats", "acc"),
+    "scatter_add_rows_kernel": ("acc",),
 }
 PLAN = {"PLAN_ROWS": implicit_gemm.PLAN_TILE_ROWS}
-GEMM_KERNELS = ((fetch_on_demand.fod_forward_kernel, {}), (fetch_on_demand.fod_forward_owned_kernel, {}),
+# fod_forward_kernel's OFFSETS_P2: 32 covers the 3x3x3 kernels (27 offsets) and every smaller one.
+GEMM_KERNELS = ((fetch_on_demand.fod_forward_kernel, {"OFFSETS_P2": 32}), (fetch_on_demand.fod_forward_owned_kernel, {}),
                 (fetch_on_demand.fod_wgrad_kernel, {}),
                 (implicit_gemm.ig_forward_kernel, {"SORTED": False, **PLAN}),
                 (implicit_gemm.ig_forward_kernel, {"SORTED": True, **PLAN}),
@@ -46,15 +47,9 @@ GEMM_KERNELS = ((fetch_on_demand.fod_forward_kernel, {}), (fetch_on_demand.fod_f
                 (implicit_gemm.ig_wgrad_kernel, {"SORTED": True, **PLAN}))
 ROW_KERNELS = (gather_scatter.gather_rows_kernel, gather_scatter.scatter_add_rows_kernel)
 # Kernels with one fixed launch shape: the implicit GEMM's flags of non-finite weight offsets
-# and the launch that adds those offsets (implicit_gemm.nonfinite_offsets / forward).
+# (implicit_gemm.nonfinite_offsets).
 FIXED_KERNELS = (
     (common.nonfinite_rows_kernel, {"BLOCK": implicit_gemm.FLAG_BLOCK}, 4, 1),
-    (implicit_gemm.ig_nonfinite_kernel, {"SORTED": False, **PLAN, "BLOCK_M": implicit_gemm.NONFINITE_BLOCK_M,
-                                         "BLOCK_N": implicit_gemm.NONFINITE_BLOCK_N,
-                                         "SUBTILES": implicit_gemm.NONFINITE_SUBTILES}, 4, 1),
-    (implicit_gemm.ig_nonfinite_kernel, {"SORTED": True, **PLAN, "BLOCK_M": implicit_gemm.NONFINITE_BLOCK_M,
-                                         "BLOCK_N": implicit_gemm.NONFINITE_BLOCK_N,
-                                         "SUBTILES": implicit_gemm.NONFINITE_SUBTILES}, 4, 1),
 )
 
 

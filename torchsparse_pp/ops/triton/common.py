@@ -2,11 +2,17 @@
 
 Row indices below 0 mean "no row": the gathered operand row is zero. A zero row times a weight
 holding Inf or NaN would be NaN, so a missing neighbour must not meet such a weight in a dot:
-the implicit GEMM leaves offsets whose weight is not finite (``nonfinite_rows_kernel`` flags
-them on the device) out of its tl.dot loop and adds them in a separate launch through
-``gathered_outer`` (rank-1 updates masked per row; masking the dot's accumulator per row would
-cost a second accumulator's registers, which spills at the large tiles). The weight gradient
-masks both operands per pair, so it never forms such a product. Row offsets are formed in int64, so tensors past 2^31 elements are addressed correctly.
+the implicit GEMM adds offsets whose weight is not finite (``nonfinite_rows_kernel`` flags
+them on the device) through ``gathered_outer`` instead of tl.dot, in the same launch (rank-1
+updates masked per row; masking the dot's accumulator per row would cost a second
+accumulator's registers, which spills at the large tiles). The weight gradient
+masks both operands per pair, so it never forms such a product. Row offsets are formed in int64,
+so tensors past 2^31 elements are addressed correctly.
+
+Conventions of every kernel: atomics are relaxed (sums need no ordering; the default acq_rel puts
+a memory barrier before each one); integer arguments that are data-dependent counts (rows, pairs,
+plan tiles, chunks) are marked do_not_specialize, so a scan with another voxel count reuses the
+compiled kernel instead of compiling a variant for its divisibility by 16.
 """
 import triton
 import triton.language as tl
@@ -76,15 +82,18 @@ def gathered_dot_t(acc, feats_ptr, src_rows, stride_f, in_ch, c_in, grad_ptr, ds
 
 
 @triton.jit
-def owning_segment(starts_ptr, item, num_segments):
-    """The segment s with starts[s] <= item < starts[s + 1] (starts is non-decreasing, has
-    num_segments + 1 entries and item < starts[num_segments]); empty segments are skipped."""
-    lo = 0
-    hi = num_segments
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if tl.load(starts_ptr + mid) <= item:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+def owning_tile_segment(pair_offsets_ptr, tile, num_offsets, BLOCK_M: tl.constexpr, OFFSETS_P2: tl.constexpr):
+    """``(k, first)``: the offset whose pairs tile ``tile`` covers, when each offset's pairs
+    ``[pair_offsets[k], pair_offsets[k + 1])`` are cut into tiles of BLOCK_M, and the index of
+    its first tile; k = -1 past the last tile. The K + 1 offsets are read as one vector
+    (OFFSETS_P2 >= K, a power of two) and prefix-summed in the program: no tile table is built
+    beforehand, so a conv is one launch."""
+    k = tl.arange(0, OFFSETS_P2)
+    present = k < num_offsets
+    begin = tl.load(pair_offsets_ptr + k, mask=present, other=0)
+    end = tl.load(pair_offsets_ptr + k + 1, mask=present, other=0)
+    tiles = (end - begin + BLOCK_M - 1) // BLOCK_M
+    ends = tl.cumsum(tiles, 0)
+    starts = ends - tiles
+    hit = (tile >= starts) & (tile < ends)
+    return tl.max(tl.where(hit, k, -1), 0), tl.max(tl.where(hit, starts, 0), 0)

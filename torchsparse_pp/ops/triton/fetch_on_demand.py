@@ -1,8 +1,8 @@
 """fetch_on_demand in Triton: one fused launch over every offset's pairs.
 
-Forward / dgrad: a program takes BLOCK_M pairs of one offset (it finds the offset from the
-prefix sum of per-offset tile counts, so nothing is read back to the host), gathers their
-source rows, multiplies by W[k] with tl.dot and adds the products into a float32 (float64)
+Forward / dgrad: a program takes BLOCK_M pairs of one offset (it finds the offset from a prefix
+sum of the per-offset tile counts that it forms itself: nothing is read back to the host and no
+tile table is built beforehand), gathers their source rows, multiplies by W[k] with tl.dot and adds the products into a float32 (float64)
 accumulator by destination row with atomics. The deterministic variant owns BLOCK_M
 destination rows instead, fetches each offset's sources from the output-stationary table and
 adds the offsets in a fixed order with plain stores.
@@ -17,22 +17,22 @@ import triton
 import triton.language as tl
 
 from . import runtime
-from .common import gathered_dot, gathered_dot_t, owning_segment
+from .common import gathered_dot, gathered_dot_t, owning_tile_segment
 from .tiles import choose_tile, choose_wgrad_tile
 
 runtime.mark_defined()
 
 
 @triton.jit
-def fod_forward_kernel(feats_ptr, w_ptr, out_ptr, src_ptr, dst_ptr, pair_offsets_ptr, tile_starts_ptr,
+def fod_forward_kernel(feats_ptr, w_ptr, out_ptr, src_ptr, dst_ptr, pair_offsets_ptr,
                        num_offsets, c_src, c_dst, stride_f, stride_o,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                       PRECISION: tl.constexpr, UPCAST: tl.constexpr, OFFSETS_P2: tl.constexpr):
     tile = tl.program_id(0)
-    if tile >= tl.load(tile_starts_ptr + num_offsets):
+    k, first_tile = owning_tile_segment(pair_offsets_ptr, tile, num_offsets, BLOCK_M, OFFSETS_P2)
+    if k < 0:
         return
-    k = owning_segment(tile_starts_ptr, tile, num_offsets)
-    first = tl.load(pair_offsets_ptr + k) + (tile - tl.load(tile_starts_ptr + k)) * BLOCK_M
+    first = tl.load(pair_offsets_ptr + k) + (tile - first_tile) * BLOCK_M
     pairs = first + tl.arange(0, BLOCK_M)
     in_tile = pairs < tl.load(pair_offsets_ptr + k + 1)
     src = tl.load(src_ptr + pairs, mask=in_tile, other=-1)
@@ -42,10 +42,10 @@ def fod_forward_kernel(feats_ptr, w_ptr, out_ptr, src_ptr, dst_ptr, pair_offsets
     acc = gathered_dot(acc, feats_ptr, src, stride_f, c_src, w_ptr + k * c_src * c_dst, cols, c_dst,
                        BLOCK_K, PRECISION, UPCAST)
     tl.atomic_add(out_ptr + dst.to(tl.int64)[:, None] * stride_o + cols[None, :], acc,
-                  mask=(dst >= 0)[:, None] & (cols < c_dst)[None, :])
+                  mask=(dst >= 0)[:, None] & (cols < c_dst)[None, :], sem="relaxed")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_dst"])
 def fod_forward_owned_kernel(feats_ptr, w_ptr, out_ptr, table_ptr, num_dst, num_offsets, c_src, c_dst,
                              stride_f, stride_o,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -65,7 +65,7 @@ def fod_forward_owned_kernel(feats_ptr, w_ptr, out_ptr, table_ptr, num_dst, num_
              mask=row_ok[:, None] & (cols < c_dst)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["splits"])
 def fod_wgrad_kernel(feats_ptr, grad_ptr, dw_ptr, src_ptr, dst_ptr, pair_offsets_ptr, splits, c_in, c_out,
                      stride_f, stride_g,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -88,7 +88,7 @@ def fod_wgrad_kernel(feats_ptr, grad_ptr, dw_ptr, src_ptr, dst_ptr, pair_offsets
         acc = gathered_dot_t(acc, feats_ptr, src, stride_f, in_ch, c_in, grad_ptr, dst, stride_g, out_ch, c_out,
                              PRECISION, UPCAST)
     tl.atomic_add(dw_ptr + k.to(tl.int64) * c_in * c_out + in_ch[:, None] * c_out + out_ch[None, :], acc,
-                  mask=(in_ch < c_in)[:, None] & (out_ch < c_out)[None, :])
+                  mask=(in_ch < c_in)[:, None] & (out_ch < c_out)[None, :], sem="relaxed")
 
 
 def _launch_options(tile, feats, allow_tf32):
@@ -114,12 +114,11 @@ def forward(feats, weight, src_idx, dst_idx, offsets, num_dst, transpose_weight=
     num_pairs = src_idx.shape[0]
     if num_pairs and c_dst:
         t = choose_tile(tile, num_pairs // volume, c_src, c_dst, runtime.mode(feats.dtype, allow_tf32))
-        tile_counts = (offsets.diff() + t.block_m - 1) // t.block_m
-        tile_starts = torch.cat([tile_counts.new_zeros(1), tile_counts.cumsum(0)])
         # At most cdiv(pairs, BLOCK_M) + K tiles; programs past the real count return at once.
         grid = (triton.cdiv(num_pairs, t.block_m) + volume, triton.cdiv(c_dst, t.block_n))
-        fod_forward_kernel[grid](feats, w, out, src_idx, dst_idx, offsets, tile_starts, volume, c_src, c_dst,
-                                 feats.stride(0), out.stride(0), **_launch_options(t, feats, allow_tf32))
+        fod_forward_kernel[grid](feats, w, out, src_idx, dst_idx, offsets, volume, c_src, c_dst,
+                                 feats.stride(0), out.stride(0), OFFSETS_P2=triton.next_power_of_2(volume),
+                                 **_launch_options(t, feats, allow_tf32))
     return out.to(feats.dtype)
 
 

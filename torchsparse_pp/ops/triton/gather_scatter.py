@@ -27,7 +27,7 @@ BLOCK_ROWS = 32
 BLOCK_CHANNELS = 64
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["count", "rows_out"])
 def gather_rows_kernel(src_ptr, idx_ptr, out_ptr, count, rows_out, channels, stride_src, stride_out,
                        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """out[i] = src[idx[i]] for i < count, zeros for count <= i < rows_out (group padding)."""
@@ -40,7 +40,7 @@ def gather_rows_kernel(src_ptr, idx_ptr, out_ptr, count, rows_out, channels, str
     tl.store(out_ptr + r.to(tl.int64)[:, None] * stride_out + c[None, :], values, mask=(r < rows_out)[:, None] & c_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["count"])
 def scatter_add_rows_kernel(values_ptr, idx_ptr, out_ptr, count, channels, stride_values, stride_out,
                             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """out[idx[i]] += values[i] for i < count; the indices of one launch are distinct."""

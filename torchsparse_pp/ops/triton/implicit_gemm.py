@@ -9,10 +9,10 @@ neighbours masked), tl.dot with W[k], accumulate in float32. One split writes th
 directly; several write float32 partial buffers that are summed in split order.
 
 A missing neighbour's zero row times a weight holding Inf or NaN would be NaN, where the gather
-dataflows add nothing. So each call flags the offsets whose weight is not finite (one small
-kernel on the device, no host read); the forward kernel skips them, and ig_nonfinite_kernel
-then adds them to the rows that have those neighbours, by rank-1 updates masked per row. With
-finite weights (the common case) its programs read the flags and return.
+dataflows add nothing. So the offsets whose weight is not finite are flagged (one small kernel on
+the device, no host read, run once per weight version: the flags are cached beside the weight),
+and the forward kernel adds a flagged offset by rank-1 updates masked per row instead of tl.dot,
+in the same launch. With finite weights (the common case) that branch is never taken.
 
 wgrad: a program owns one offset, a (C_in, C_out) tile and a chunk of row slots; it walks the
 chunk BLOCK_K slots at a time, skipping plan tiles whose mask lacks the offset, and sums
@@ -22,6 +22,7 @@ feats[table[r, k]]^T grad[r]. Chunks add into dW with atomics; one chunk per off
 import torch
 import triton
 import triton.language as tl
+from torch.utils.weak import WeakIdKeyDictionary
 
 from . import runtime
 from .common import gathered_dot, gathered_dot_t, gathered_outer, nonfinite_rows_kernel
@@ -32,20 +33,25 @@ runtime.mark_defined()
 # The plan the Triton kernels read (the native CUDA path's): 64-row plan tiles, one global sort.
 PLAN_TILE_ROWS = 64
 PLAN_SORT_WINDOW = 0
-# ig_nonfinite_kernel's program: SUBTILES tiles of BLOCK_M rows by BLOCK_N channels (few programs:
-# with finite weights each only reads the flags).
-NONFINITE_BLOCK_M = 32
-NONFINITE_BLOCK_N = 32
-NONFINITE_SUBTILES = 8
 FLAG_BLOCK = 1024
+# weight -> (version, data pointer, flags): a weight's flags are computed once per version.
+_flags_of = WeakIdKeyDictionary()
 
 
-def nonfinite_offsets(w: torch.Tensor) -> torch.Tensor:
-    """int32 [K]: 1 where W[k] holds Inf or NaN (one launch, on w's device)."""
+def nonfinite_offsets(weight: torch.Tensor) -> torch.Tensor:
+    """int32 [K]: 1 where W[k] holds Inf or NaN (one launch on weight's device, or none when this
+    weight, unchanged since, was flagged before: in-place updates bump its version)."""
+    stamp = (weight._version, weight.data_ptr())
+    cached = _flags_of.get(weight)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    w = weight.contiguous()
     volume = w.shape[0]
     flags = torch.empty(volume, dtype=torch.int32, device=w.device)
     if volume:
         nonfinite_rows_kernel[(volume,)](w, flags, w[0].numel(), BLOCK=FLAG_BLOCK)
+    if not torch.compiler.is_compiling():
+        _flags_of[weight] = (stamp, flags)
     return flags
 
 
@@ -60,7 +66,7 @@ def _tile_has(split_masks, first_tile, num_tiles, num_words, bit, TILES_PER_PROG
     return ((present >> (bit % 64).to(tl.int64)) & 1) != 0
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_dst", "num_tiles", "order_stride", "split_stride"])
 def ig_forward_kernel(feats_ptr, w_ptr, out_ptr, table_ptr, order_ptr, masks_ptr, bounds_ptr, nonfinite_ptr,
                       num_dst, num_offsets, num_tiles, num_words, order_stride, split_stride,
                       c_src, c_dst, stride_f, stride_o,
@@ -84,64 +90,19 @@ def ig_forward_kernel(feats_ptr, w_ptr, out_ptr, table_ptr, order_ptr, masks_ptr
     k_begin = tl.load(bounds_ptr + split).to(tl.int32)
     k_end = tl.load(bounds_ptr + split + 1).to(tl.int32)
     for k in range(k_begin, k_end):
-        # Offsets whose weight is not finite are left to ig_nonfinite_kernel.
-        if tl.load(nonfinite_ptr + k) == 0:
-            if _tile_has(split_masks, first_tile, num_tiles, num_words, k - k_begin, TILES_PER_PROGRAM):
-                src = tl.load(table_rows + k, mask=rows >= 0, other=-1)
+        if _tile_has(split_masks, first_tile, num_tiles, num_words, k - k_begin, TILES_PER_PROGRAM):
+            src = tl.load(table_rows + k, mask=rows >= 0, other=-1)
+            if tl.load(nonfinite_ptr + k) == 0:
                 acc = gathered_dot(acc, feats_ptr, src, stride_f, c_src, w_ptr + k * c_src * c_dst, cols,
                                    c_dst, BLOCK_K, PRECISION, UPCAST)
+            else:  # a weight holding Inf / NaN: only rows that have this neighbour may meet it
+                acc = gathered_outer(acc, feats_ptr, src, stride_f, c_src, w_ptr + k * c_src * c_dst, cols, c_dst)
     out_rows = out_ptr + split.to(tl.int64) * split_stride + rows.to(tl.int64) * stride_o
     tl.store(out_rows[:, None] + cols[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=(rows >= 0)[:, None] & (cols < c_dst)[None, :])
 
 
-@triton.jit
-def ig_nonfinite_kernel(feats_ptr, w_ptr, out_ptr, table_ptr, order_ptr, masks_ptr, bounds_ptr, nonfinite_ptr,
-                        num_dst, num_offsets, num_tiles, num_words, order_stride, split_stride,
-                        c_src, c_dst, stride_f, stride_o,
-                        SORTED: tl.constexpr, PLAN_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        SUBTILES: tl.constexpr):
-    """Adds the offsets whose weight is not finite (flagged in nonfinite_ptr, skipped by the
-    forward kernel) to out, for the rows that have those neighbours only. A program owns
-    SUBTILES x BLOCK_M row slots of one split and BLOCK_N channels; it returns at once when the
-    split has no flagged offset."""
-    split = tl.program_id(2)
-    k_begin = tl.load(bounds_ptr + split).to(tl.int32)
-    k_end = tl.load(bounds_ptr + split + 1).to(tl.int32)
-    flagged = tl.full((), 0, tl.int32)
-    for k in range(k_begin, k_end):
-        flagged += tl.load(nonfinite_ptr + k)
-    if flagged != 0:
-        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc_type: tl.constexpr = tl.float64 if feats_ptr.dtype.element_ty == tl.float64 else tl.float32
-        split_masks = masks_ptr + split * num_tiles * num_words
-        TILES_PER_SUBTILE: tl.constexpr = (BLOCK_M + PLAN_ROWS - 1) // PLAN_ROWS
-        for sub in range(0, SUBTILES):
-            slot0 = (tl.program_id(0) * SUBTILES + sub) * BLOCK_M
-            slots = slot0 + tl.arange(0, BLOCK_M)
-            if SORTED:
-                rows = tl.load(order_ptr + split.to(tl.int64) * order_stride + slots, mask=slots < num_dst, other=-1)
-            else:
-                rows = tl.where(slots < num_dst, slots, -1)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=acc_type)
-            touched = tl.full((), 0, tl.int32)
-            for k in range(k_begin, k_end):
-                if tl.load(nonfinite_ptr + k) != 0:
-                    if _tile_has(split_masks, slot0 // PLAN_ROWS, num_tiles, num_words, k - k_begin,
-                                 TILES_PER_SUBTILE):
-                        src = tl.load(table_ptr + rows.to(tl.int64) * num_offsets + k, mask=rows >= 0, other=-1)
-                        acc = gathered_outer(acc, feats_ptr, src, stride_f, c_src, w_ptr + k * c_src * c_dst,
-                                             cols, c_dst)
-                        touched = tl.full((), 1, tl.int32)
-            if touched != 0:
-                out_tile = (out_ptr + split.to(tl.int64) * split_stride + rows.to(tl.int64)[:, None] * stride_o
-                            + cols[None, :])
-                mask = (rows >= 0)[:, None] & (cols < c_dst)[None, :]
-                total = tl.load(out_tile, mask=mask, other=0.0).to(acc_type) + acc
-                tl.store(out_tile, total.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows", "num_tiles", "order_stride", "chunks", "slots_per_chunk"])
 def ig_wgrad_kernel(feats_ptr, grad_ptr, dw_ptr, table_ptr, order_ptr, masks_ptr, bounds_ptr, split_of_offset_ptr,
                     num_rows, num_offsets, num_tiles, num_words, order_stride, chunks, slots_per_chunk,
                     c_in, c_out, stride_f, stride_g,
@@ -171,7 +132,7 @@ def ig_wgrad_kernel(feats_ptr, grad_ptr, dw_ptr, table_ptr, order_ptr, masks_ptr
             acc = gathered_dot_t(acc, feats_ptr, src, stride_f, in_ch, c_in, grad_ptr, rows, stride_g, out_ch, c_out,
                                  PRECISION, UPCAST)
     tl.atomic_add(dw_ptr + k.to(tl.int64) * c_in * c_out + in_ch[:, None] * c_out + out_ch[None, :], acc,
-                  mask=(in_ch < c_in)[:, None] & (out_ch < c_out)[None, :])
+                  mask=(in_ch < c_in)[:, None] & (out_ch < c_out)[None, :], sem="relaxed")
 
 
 def _launch_options(tile, feats, allow_tf32, is_sorted, tile_rows):
@@ -209,20 +170,12 @@ def forward(feats, weight, table, num_dst, transpose_weight, bounds, order, tile
     if num_dst and c_dst:
         t = choose_tile(tile, num_dst, c_src, c_dst, runtime.mode(feats.dtype, allow_tf32))
         grid = (triton.cdiv(num_dst, t.block_m), triton.cdiv(c_dst, t.block_n), splits)
-        nonfinite = nonfinite_offsets(w)
+        nonfinite = nonfinite_offsets(weight)
         ig_forward_kernel[grid](feats, w, out, table, order if is_sorted else table, tile_masks, bounds, nonfinite,
                                 num_dst,
                                 volume, tile_masks.shape[1], tile_masks.shape[2], order.shape[1] if is_sorted else 0,
                                 num_dst * c_dst, c_src, c_dst, feats.stride(0), c_dst,
                                 **_launch_options(t, feats, allow_tf32, is_sorted, tile_rows))
-        fix_grid = (triton.cdiv(num_dst, NONFINITE_BLOCK_M * NONFINITE_SUBTILES), triton.cdiv(c_dst, NONFINITE_BLOCK_N),
-                    splits)
-        ig_nonfinite_kernel[fix_grid](feats, w, out, table, order if is_sorted else table, tile_masks, bounds,
-                                      nonfinite, num_dst, volume, tile_masks.shape[1], tile_masks.shape[2],
-                                      order.shape[1] if is_sorted else 0, num_dst * c_dst, c_src, c_dst,
-                                      feats.stride(0), c_dst, SORTED=is_sorted, PLAN_ROWS=tile_rows,
-                                      BLOCK_M=NONFINITE_BLOCK_M, BLOCK_N=NONFINITE_BLOCK_N,
-                                      SUBTILES=NONFINITE_SUBTILES, num_warps=4, num_stages=1)
     elif splits > 1:
         out.zero_()
     return out if splits == 1 else out.sum(0).to(feats.dtype)
