@@ -42,8 +42,16 @@ def _kernels(device: torch.device):
 
 
 def _block() -> int:
-    """Lanes per program: wide under the interpreter (its programs run one by one)."""
-    return 1024 if runtime.interpreter_requested() else 256
+    """Lanes of the 1-D kernels' programs: wide under the interpreter (its programs run one by one)."""
+    return 4096 if runtime.interpreter_requested() else 1024
+
+
+def _tile(K: int) -> Tuple[int, int]:
+    """(rows, offsets) of the 2-D kernels' programs: all offsets of a 3x3x3 kernel in one program."""
+    interpreted = runtime.interpreter_requested()
+    lanes, widest = (8192, 128) if interpreted else (512, 32)
+    block_k = min(1 << max(0, K - 1).bit_length(), widest)
+    return lanes // block_k, block_k
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -81,8 +89,9 @@ def kmap_submanifold(coords: torch.Tensor, kernel_size: Sequence[int], dilation:
     vals = torch.empty((capacity,), dtype=torch.int32, device=device)
     if n > 0:
         kernels.hash_insert_kernel[(_cdiv(n, block),)](coords, keys, vals, n, capacity - 1, BLOCK=block)
-    kernels.submanifold_query_kernel[(_cdiv(rows, block), K)](
-        coords, keys, vals, out_in, n, rows, capacity - 1, *g.k, *g.d, *g.pad, BLOCK=block)
+    block_r, block_k = _tile(K)
+    kernels.submanifold_query_kernel[(_cdiv(rows, block_r), _cdiv(K, block_k))](
+        coords, keys, vals, out_in, n, rows, capacity - 1, *g.k, *g.d, *g.pad, BLOCK_R=block_r, BLOCK_K=block_k)
     return out_in
 
 
@@ -105,9 +114,10 @@ def _new_set(kernels, coords: torch.Tensor, g: _Geometry, relation: int, clip, t
     n, device = coords.shape[0], coords.device
     total = taps * n
     candidates = torch.empty(total, dtype=torch.int64, device=device)
-    kernels.candidate_keys_kernel[(_cdiv(n, block), taps)](
-        coords, candidates, flags, n, *_geometry_args(g, clip), RELATION=relation, CLIP=clip is not None,
-        STRICT=strict, BLOCK=block)
+    block_r, block_k = _tile(taps)
+    kernels.candidate_keys_kernel[(_cdiv(n, block_r), _cdiv(taps, block_k))](
+        coords, candidates, flags, n, taps, *_geometry_args(g, clip), RELATION=relation, CLIP=clip is not None,
+        STRICT=strict, BLOCK_R=block_r, BLOCK_K=block_k)
     ordered = torch.sort(candidates).values
     heads = torch.empty(total, dtype=torch.int32, device=device)
     kernels.sorted_heads_kernel[(_cdiv(total, block),)](ordered, heads, total, BLOCK=block)
@@ -151,9 +161,11 @@ def kmap_downsample(coords: torch.Tensor, kernel_size: Sequence[int], stride: Se
     m = out_keys.shape[0]
     out_in = torch.full((_padded_rows(m, pad_rows_to), K), -1, dtype=torch.int32, device=device)
     if m > 0:
-        kernels.candidate_lookup_kernel[(_cdiv(n, block), K)](
+        block_r, block_k = _tile(K)
+        kernels.candidate_lookup_kernel[(_cdiv(n, block_r), _cdiv(K, block_k))](
             coords, out_keys, out_in, n, m, g.k[1], g.k[2], K, *_geometry_args(g, clip)[2:],
-            RELATION=kernels.READ_BY, CLIP=clip is not None, ROWS_ARE_INPUTS=False, BLOCK=block)
+            RELATION=kernels.READ_BY, CLIP=clip is not None, ROWS_ARE_INPUTS=False, BLOCK_R=block_r,
+            BLOCK_K=block_k)
     return out_coords, out_in
 
 
@@ -180,9 +192,11 @@ def kmap_generative(coords: torch.Tensor, kernel_size: Sequence[int], stride: Se
                                       lambda: torch_ops.kmap_generative(*args))
     m = fine_keys.shape[0]
     if m > 0:
-        kernels.candidate_lookup_kernel[(_cdiv(n, block), K)](
+        block_r, block_k = _tile(K)
+        kernels.candidate_lookup_kernel[(_cdiv(n, block_r), _cdiv(K, block_k))](
             coords, fine_keys, out_in, n, m, g.k[1], g.k[2], K, *_geometry_args(g, clip)[2:],
-            RELATION=kernels.WRITES, CLIP=clip is not None, ROWS_ARE_INPUTS=True, BLOCK=block)
+            RELATION=kernels.WRITES, CLIP=clip is not None, ROWS_ARE_INPUTS=True, BLOCK_R=block_r,
+            BLOCK_K=block_k)
     return fine_coords, out_in
 
 
@@ -204,14 +218,14 @@ def kmap_pairs(out_in: torch.Tensor, num_in: int, num_out: int
                 torch.zeros(K, dtype=torch.bool, device=device))
     table = out_in.contiguous()
     kernels = _kernels(device)
-    block = _block()
-    blocks = _cdiv(num_out, block)
+    block_r, block_k = _tile(K)
+    blocks, grid = _cdiv(num_out, block_r), (_cdiv(num_out, block_r), _cdiv(K, block_k))
     counts = torch.empty(K * blocks, dtype=torch.int64, device=device)
     # own[:K]: pairs that read their own row, per offset; own[K]: the range flag.
     own = torch.zeros(K + 1, dtype=torch.int64, device=device)
     check_identity = num_in == num_out
-    kernels.pair_count_kernel[(blocks, K)](table, counts, own, own[K:], num_out, num_in, blocks, K,
-                                           IDENTITY=check_identity, BLOCK=block)
+    kernels.pair_count_kernel[grid](table, counts, own, own[K:], num_out, num_in, blocks, K,
+                                    IDENTITY=check_identity, BLOCK_R=block_r, BLOCK_K=block_k)
     ends = torch.cumsum(counts, 0)
     total, outside = torch.cat([ends[-1:], own[K:]]).tolist()
     _check(not outside, f"out_in holds input rows >= num_in ({num_in})")
@@ -221,7 +235,8 @@ def kmap_pairs(out_in: torch.Tensor, num_in: int, num_out: int
     in_idx = torch.empty(total, dtype=torch.int32, device=device)
     out_idx = torch.empty(total, dtype=torch.int32, device=device)
     offsets = torch.empty(K + 1, dtype=torch.int64, device=device)
-    kernels.pair_write_kernel[(blocks, K)](table, ends, in_idx, out_idx, offsets, num_out, blocks, K, BLOCK=block)
+    kernels.pair_write_kernel[grid](table, ends, in_idx, out_idx, offsets, num_out, blocks, K, BLOCK_R=block_r,
+                                    BLOCK_K=block_k)
     identity = own[:K] == num_out if check_identity else torch.zeros(K, dtype=torch.bool, device=device)
     return in_idx, out_idx, offsets, identity
 
@@ -235,9 +250,9 @@ def kmap_transpose(out_in: torch.Tensor, num_out: int, num_in: int, pad_rows_to:
     rows = _padded_rows(num_in, pad_rows_to)
     in_out = torch.full((rows, K), -1, dtype=torch.int32, device=out_in.device)
     if num_out > 0 and K > 0:
-        block = _block()
-        _kernels(out_in.device).transpose_kernel[(_cdiv(num_out, block), K)](out_in, in_out, num_out, num_in, K,
-                                                                              BLOCK=block)
+        block_r, block_k = _tile(K)
+        _kernels(out_in.device).transpose_kernel[(_cdiv(num_out, block_r), _cdiv(K, block_k))](
+            out_in, in_out, num_out, num_in, K, BLOCK_R=block_r, BLOCK_K=block_k)
     return in_out
 
 

@@ -86,9 +86,17 @@ def _floor_div(a, b):
 
 
 @triton.jit
+def _any(hit):
+    """Whether some lane of a 1-D or 2-D bool block is set."""
+    if len(hit.shape) == 2:
+        return tl.max(tl.max(hit.to(tl.int32), 1), 0) > 0
+    return tl.max(hit.to(tl.int32), 0) > 0
+
+
+@triton.jit
 def _flag(flags_ptr, word, hit):
     """flags[word] = 1 when any lane of ``hit`` is set."""
-    if tl.max(hit.to(tl.int32), 0) > 0:
+    if _any(hit):
         tl.atomic_max(flags_ptr + word, 1, sem="relaxed")
 
 
@@ -102,7 +110,7 @@ def hash_insert_kernel(coords_ptr, keys_ptr, vals_ptr, n, slot_mask, BLOCK: tl.c
     b, x, y, z = _load_coords(coords_ptr, rows, active)
     key = _clamped_key(b, x, y, z)
     slot = _first_slot(key, slot_mask)
-    while tl.max(active.to(tl.int32), 0) > 0:
+    while _any(active):
         # Inactive lanes compare with -2, which no slot holds: they write nothing.
         prev = tl.atomic_cas(keys_ptr + slot, tl.where(active, -1, -2).to(tl.int64), key, sem="relaxed")
         won = active & (prev == -1)
@@ -116,7 +124,7 @@ def _probe(keys_ptr, vals_ptr, key, active, slot_mask):
     """The value stored under ``key`` per lane, -1 where absent or the lane is inactive."""
     slot = _first_slot(key, slot_mask)
     found = tl.full(key.shape, -1, tl.int32)
-    while tl.max(active.to(tl.int32), 0) > 0:
+    while _any(active):
         stored = tl.load(keys_ptr + slot, mask=active, other=-1)
         hit = active & (stored == key)
         found = tl.where(hit, tl.load(vals_ptr + slot, mask=hit, other=-1), found)
@@ -125,23 +133,29 @@ def _probe(keys_ptr, vals_ptr, key, active, slot_mask):
     return found
 
 
+@triton.jit
+def _tile(BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The program's rows [BLOCK_R, 1] and offsets [1, BLOCK_K] (offsets past K masked by callers)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]
+    return rows, k
+
+
 @triton.jit(do_not_specialize=["n", "rows_padded", "slot_mask"])
-def submanifold_query_kernel(coords_ptr, keys_ptr, vals_ptr, out_in_ptr, n, rows_padded, slot_mask,
-                             KX: tl.constexpr, KY: tl.constexpr, KZ: tl.constexpr, dx, dy, dz, px, py, pz,
-                             BLOCK: tl.constexpr):
+def submanifold_query_kernel(coords_ptr, keys_ptr, vals_ptr, out_in_ptr, n, rows_padded, slot_mask, KX, KY, KZ,
+                             dx, dy, dz, px, py, pz, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """out_in[r, k] = the row at coords[r] + t(k) * d - pad, -1 if none (rows past n too)."""
-    k = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    K = KX * KY * KZ
+    rows, k = _tile(BLOCK_R, BLOCK_K)
     ok = rows < n
     b, x, y, z = _load_coords(coords_ptr, rows, ok)
     nx = x + (k // (KY * KZ)) * dx - px
     ny = y + ((k // KZ) % KY) * dy - py
     nz = z + (k % KZ) * dz - pz
     # A neighbour off the packable range would alias another key: it has none.
-    ok = ok & _spatial_ok(nx) & _spatial_ok(ny) & _spatial_ok(nz) & _batch_ok(b)
+    ok = ok & (k < K) & _spatial_ok(nx) & _spatial_ok(ny) & _spatial_ok(nz) & _batch_ok(b)
     found = _probe(keys_ptr, vals_ptr, _clamped_key(b, nx, ny, nz), ok, slot_mask)
-    K: tl.constexpr = KX * KY * KZ
-    tl.store(out_in_ptr + rows.to(tl.int64) * K + k, found, mask=rows < rows_padded)
+    tl.store(out_in_ptr + rows.to(tl.int64) * K + k, found, mask=(rows < rows_padded) & (k < K))
 
 
 # --- strided and generative sets ----------------------------------------------------------------------
@@ -197,14 +211,14 @@ def _candidates(coords_ptr, rows, ok, k, KY, KZ, sx, sy, sz, dx, dy, dz, px, py,
 
 
 @triton.jit(do_not_specialize=["n"])
-def candidate_keys_kernel(coords_ptr, cand_ptr, flags_ptr, n, KY, KZ, sx, sy, sz, dx, dy, dz, px, py, pz,
+def candidate_keys_kernel(coords_ptr, cand_ptr, flags_ptr, n, taps, KY, KZ, sx, sy, sz, dx, dy, dz, px, py, pz,
                           rx, ry, rz, RELATION: tl.constexpr, CLIP: tl.constexpr, STRICT: tl.constexpr,
-                          BLOCK: tl.constexpr):
-    """cand[k * n + r] = the key input r reaches through offset k, -1 where it reaches none or an
-    unpackable site; with STRICT an unpackable site sets flags[FLAG_OUTPUT_RANGE]."""
-    k = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = rows < n
+                          BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """cand[k * n + r] = the key input r reaches through offset k (of ``taps``), -1 where it
+    reaches none or an unpackable site; with STRICT an unpackable site sets
+    flags[FLAG_OUTPUT_RANGE]."""
+    rows, k = _tile(BLOCK_R, BLOCK_K)
+    ok = (rows < n) & (k < taps)
     key, valid, packable = _candidates(coords_ptr, rows, ok, k, KY, KZ, sx, sy, sz, dx, dy, dz, px, py, pz,
                                        rx, ry, rz, RELATION, CLIP)
     if STRICT:
@@ -244,7 +258,7 @@ def _lower_bound(keys_ptr, m, key, active):
     """Per lane, the first index i of the ascending keys[0:m] with keys[i] >= key."""
     lo = tl.zeros(key.shape, tl.int64)
     hi = tl.where(active, m, 0).to(tl.int64)
-    while tl.max(hi - lo, 0) > 0:
+    while _any(lo < hi):
         open_ = lo < hi
         mid = (lo + hi) // 2
         below = tl.load(keys_ptr + mid, mask=open_, other=0) < key
@@ -256,12 +270,11 @@ def _lower_bound(keys_ptr, m, key, active):
 @triton.jit(do_not_specialize=["n", "m"])
 def candidate_lookup_kernel(coords_ptr, out_keys_ptr, out_in_ptr, n, m, KY, KZ, K, sx, sy, sz, dx, dy, dz,
                             px, py, pz, rx, ry, rz, RELATION: tl.constexpr, CLIP: tl.constexpr,
-                            ROWS_ARE_INPUTS: tl.constexpr, BLOCK: tl.constexpr):
+                            ROWS_ARE_INPUTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """For each (offset k, input r) whose site is in the sorted set out_keys (row j there):
     out_in[j, k] = r, or with ROWS_ARE_INPUTS (the generative map) out_in[r, k] = j."""
-    k = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = rows < n
+    rows, k = _tile(BLOCK_R, BLOCK_K)
+    ok = (rows < n) & (k < K)
     key, valid, packable = _candidates(coords_ptr, rows, ok, k, KY, KZ, sx, sy, sz, dx, dy, dz, px, py, pz,
                                        rx, ry, rz, RELATION, CLIP)
     valid = valid & packable
@@ -271,56 +284,55 @@ def candidate_lookup_kernel(coords_ptr, out_keys_ptr, out_in_ptr, n, m, KY, KZ, 
     if ROWS_ARE_INPUTS:
         tl.store(out_in_ptr + rows.to(tl.int64) * K + k, j.to(tl.int32), mask=hit)
     else:
-        tl.store(out_in_ptr + j * K + k, rows, mask=hit)
+        tl.store(out_in_ptr + j * K + k, (rows + k * 0).to(tl.int32), mask=hit)
 
 
 # --- views ------------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["num_out", "num_in", "blocks"])
 def pair_count_kernel(table_ptr, counts_ptr, own_ptr, flags_ptr, num_out, num_in, blocks, K,
-                      IDENTITY: tl.constexpr, BLOCK: tl.constexpr):
-    """Per (offset k, block of BLOCK output rows): counts[k * blocks + block] = its pairs; with
-    IDENTITY own[k] += its pairs that read their own row; flags[0] = 1 if an entry is >= num_in."""
-    block = tl.program_id(0)
-    k = tl.program_id(1)
-    rows = block * BLOCK + tl.arange(0, BLOCK)
-    ok = rows < num_out
+                      IDENTITY: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Per offset k and block of BLOCK_R output rows: counts[k * blocks + block] = its pairs;
+    with IDENTITY own[k] += its pairs that read their own row; flags[0] = 1 if an entry is
+    >= num_in."""
+    rows, k = _tile(BLOCK_R, BLOCK_K)
+    ok = (rows < num_out) & (k < K)
     v = tl.load(table_ptr + rows.to(tl.int64) * K + k, mask=ok, other=-1)
     present = v >= 0
-    tl.store(counts_ptr + k.to(tl.int64) * blocks + block, tl.sum(present.to(tl.int64), 0))
+    offset = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    tl.store(counts_ptr + offset.to(tl.int64) * blocks + tl.program_id(0), tl.sum(present.to(tl.int64), 0),
+             mask=offset < K)
     if IDENTITY:
-        tl.atomic_add(own_ptr + k, tl.sum((present & (v == rows)).to(tl.int64), 0), sem="relaxed")
+        tl.atomic_add(own_ptr + offset, tl.sum((present & (v == rows)).to(tl.int64), 0), mask=offset < K,
+                      sem="relaxed")
     _flag(flags_ptr, 0, v >= num_in)
 
 
 @triton.jit(do_not_specialize=["num_out", "blocks"])
 def pair_write_kernel(table_ptr, ends_ptr, in_idx_ptr, out_idx_ptr, offsets_ptr, num_out, blocks, K,
-                      BLOCK: tl.constexpr):
-    """Writes the pairs of one (offset, block) at its place in the offset-major order (ends: the
-    inclusive prefix sum of the block counts); block 0 of offset k writes offsets[k] (and
-    offsets[K])."""
-    block = tl.program_id(0)
-    k = tl.program_id(1)
-    rows = block * BLOCK + tl.arange(0, BLOCK)
-    ok = rows < num_out
+                      BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Writes the pairs of each (offset, row block) at its place in the offset-major order (ends:
+    the inclusive prefix sum of the block counts); row block 0 writes offsets[k] (and offsets[K])."""
+    rows, k = _tile(BLOCK_R, BLOCK_K)
+    ok = (rows < num_out) & (k < K)
     v = tl.load(table_ptr + rows.to(tl.int64) * K + k, mask=ok, other=-1)
-    present = v >= 0
-    index = k.to(tl.int64) * blocks + block
-    within = tl.cumsum(present.to(tl.int64), 0)
-    start = tl.load(ends_ptr + index) - tl.sum(present.to(tl.int64), 0)
-    where = start + within - 1
-    tl.store(in_idx_ptr + where, v, mask=present)
-    tl.store(out_idx_ptr + where, rows, mask=present)
-    if block == 0:
-        tl.store(offsets_ptr + k, start)
-        if k == K - 1:
-            tl.store(offsets_ptr + K, tl.load(ends_ptr + K * blocks - 1))
+    present = (v >= 0).to(tl.int64)
+    offset = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    in_range = offset < K
+    end = tl.load(ends_ptr + offset.to(tl.int64) * blocks + tl.program_id(0), mask=in_range, other=0)
+    start = end - tl.sum(present, 0)
+    where = start[None, :] + tl.cumsum(present, 0) - 1
+    tl.store(in_idx_ptr + where, v, mask=present != 0)
+    tl.store(out_idx_ptr + where, (rows + k * 0).to(tl.int32), mask=present != 0)
+    if tl.program_id(0) == 0:
+        tl.store(offsets_ptr + offset, start, mask=in_range)
+        tl.store(offsets_ptr + K + offset * 0, tl.load(ends_ptr + (K * blocks - 1) + offset * 0),
+                 mask=offset == K - 1)
 
 
 @triton.jit(do_not_specialize=["num_out", "num_in"])
-def transpose_kernel(table_ptr, in_out_ptr, num_out, num_in, K, BLOCK: tl.constexpr):
+def transpose_kernel(table_ptr, in_out_ptr, num_out, num_in, K, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """in_out[p, k] = q wherever table[q, k] = p (entries outside [0, num_in) are skipped)."""
-    k = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = rows < num_out
+    rows, k = _tile(BLOCK_R, BLOCK_K)
+    ok = (rows < num_out) & (k < K)
     v = tl.load(table_ptr + rows.to(tl.int64) * K + k, mask=ok, other=-1)
-    tl.store(in_out_ptr + v.to(tl.int64) * K + k, rows, mask=ok & (v >= 0) & (v < num_in))
+    tl.store(in_out_ptr + v.to(tl.int64) * K + k, (rows + k * 0).to(tl.int32), mask=ok & (v >= 0) & (v < num_in))
