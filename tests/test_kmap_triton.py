@@ -4,7 +4,8 @@
    random sets: uniform boxes (sorted and permuted), shuffled samples with empty ones, LiDAR-like
    crops, one point, none, points at the limits of the packable range; submanifold odd / even
    kernels, dilation, padding; spconv downsampling with and without clip, minkowski, generative;
-   the views (pairs, transposed table, its pairs, plans) and a KernelMap's transposed reuse.
+   the views (pairs, transposed table, its pairs, plans), a KernelMap's transposed reuse and a
+   MinkUNet forward over the maps.
 2. Bad inputs raise the compiled ops' errors where the builders check data (downsample and
    generative: duplicates, out of range; pairs: rows past num_in) and argument errors everywhere.
 3. The GPU cost: host reads and device ops (non-view aten ops plus Triton launches) per build,
@@ -20,9 +21,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+import torchsparse_pp as tsp
 from torchsparse_pp import backends, ops
 from torchsparse_pp.kmap import ConvGeometry, KernelMapCache, kmap_backend_for, kmap_ops, strided_map
 from torchsparse_pp.kmap import generative_map, submanifold_map
+from torchsparse_pp.models import MinkUNet
 from torchsparse_pp.ops import kmap_torch
 from torchsparse_pp.ops.triton import runtime
 from conftest import lidar_coords, random_coords, shuffled_coords
@@ -212,6 +215,20 @@ def test_kernel_maps_reuse_their_views_transposed(generator, seed, monkeypatch):
             assert_same((a.in_idx, a.out_idx, a.offsets, a.identity), (b.in_idx, b.out_idx, b.offsets, b.identity),
                         f"{native} pairs by {side}")
             assert_same(native.plan(side, 2, 16, 0), mine.plan(side, 2, 16, 0), f"{native} plan {side}")
+
+
+def test_minkunet_over_triton_maps_equals_native(generator):
+    """A whole forward (submanifold, strided, transposed maps and their views) with maps from
+    either backend: the same maps give bit-identical outputs."""
+    model = MinkUNet(in_channels=4, num_classes=5, cr=0.125).eval()
+    coords = random_coords(generator, 300, batch=2, low=-8, high=8)
+    feats = torch.randn(coords.shape[0], 4, generator=generator)
+    outputs = {}
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        for name in ("native", "triton"):
+            patch.setattr(backends, "kmap_backend", name)
+            outputs[name] = model(tsp.SparseTensor(feats, coords))
+    assert torch.equal(outputs["native"], outputs["triton"])
 
 
 # --- errors ----------------------------------------------------------------------------------------

@@ -41,15 +41,21 @@ def _kernels(device: torch.device):
     return load("kmap")
 
 
+# Program shapes on GPUs: lanes of the 1-D kernels; lanes and widest offset block of the 2-D ones.
+GPU_BLOCK = 1024
+GPU_TILE_LANES = 512
+GPU_TILE_OFFSETS = 32
+
+
 def _block() -> int:
     """Lanes of the 1-D kernels' programs: wide under the interpreter (its programs run one by one)."""
-    return 4096 if runtime.interpreter_requested() else 1024
+    return 4096 if runtime.interpreter_requested() else GPU_BLOCK
 
 
-def _tile(K: int) -> Tuple[int, int]:
+def tile(K: int) -> Tuple[int, int]:
     """(rows, offsets) of the 2-D kernels' programs: all offsets of a 3x3x3 kernel in one program."""
     interpreted = runtime.interpreter_requested()
-    lanes, widest = (8192, 128) if interpreted else (512, 32)
+    lanes, widest = (8192, 128) if interpreted else (GPU_TILE_LANES, GPU_TILE_OFFSETS)
     block_k = min(1 << max(0, K - 1).bit_length(), widest)
     return lanes // block_k, block_k
 
@@ -89,7 +95,7 @@ def kmap_submanifold(coords: torch.Tensor, kernel_size: Sequence[int], dilation:
     vals = torch.empty((capacity,), dtype=torch.int32, device=device)
     if n > 0:
         kernels.hash_insert_kernel[(_cdiv(n, block),)](coords, keys, vals, n, capacity - 1, BLOCK=block)
-    block_r, block_k = _tile(K)
+    block_r, block_k = tile(K)
     kernels.submanifold_query_kernel[(_cdiv(rows, block_r), _cdiv(K, block_k))](
         coords, keys, vals, out_in, n, rows, capacity - 1, *g.k, *g.d, *g.pad, BLOCK_R=block_r, BLOCK_K=block_k)
     return out_in
@@ -114,7 +120,7 @@ def _new_set(kernels, coords: torch.Tensor, g: _Geometry, relation: int, clip, t
     n, device = coords.shape[0], coords.device
     total = taps * n
     candidates = torch.empty(total, dtype=torch.int64, device=device)
-    block_r, block_k = _tile(taps)
+    block_r, block_k = tile(taps)
     kernels.candidate_keys_kernel[(_cdiv(n, block_r), _cdiv(taps, block_k))](
         coords, candidates, flags, n, taps, *_geometry_args(g, clip), RELATION=relation, CLIP=clip is not None,
         STRICT=strict, BLOCK_R=block_r, BLOCK_K=block_k)
@@ -161,7 +167,7 @@ def kmap_downsample(coords: torch.Tensor, kernel_size: Sequence[int], stride: Se
     m = out_keys.shape[0]
     out_in = torch.full((_padded_rows(m, pad_rows_to), K), -1, dtype=torch.int32, device=device)
     if m > 0:
-        block_r, block_k = _tile(K)
+        block_r, block_k = tile(K)
         kernels.candidate_lookup_kernel[(_cdiv(n, block_r), _cdiv(K, block_k))](
             coords, out_keys, out_in, n, m, g.k[1], g.k[2], K, *_geometry_args(g, clip)[2:],
             RELATION=kernels.READ_BY, CLIP=clip is not None, ROWS_ARE_INPUTS=False, BLOCK_R=block_r,
@@ -192,7 +198,7 @@ def kmap_generative(coords: torch.Tensor, kernel_size: Sequence[int], stride: Se
                                       lambda: torch_ops.kmap_generative(*args))
     m = fine_keys.shape[0]
     if m > 0:
-        block_r, block_k = _tile(K)
+        block_r, block_k = tile(K)
         kernels.candidate_lookup_kernel[(_cdiv(n, block_r), _cdiv(K, block_k))](
             coords, fine_keys, out_in, n, m, g.k[1], g.k[2], K, *_geometry_args(g, clip)[2:],
             RELATION=kernels.WRITES, CLIP=clip is not None, ROWS_ARE_INPUTS=True, BLOCK_R=block_r,
@@ -218,7 +224,7 @@ def kmap_pairs(out_in: torch.Tensor, num_in: int, num_out: int
                 torch.zeros(K, dtype=torch.bool, device=device))
     table = out_in.contiguous()
     kernels = _kernels(device)
-    block_r, block_k = _tile(K)
+    block_r, block_k = tile(K)
     blocks, grid = _cdiv(num_out, block_r), (_cdiv(num_out, block_r), _cdiv(K, block_k))
     counts = torch.empty(K * blocks, dtype=torch.int64, device=device)
     # own[:K]: pairs that read their own row, per offset; own[K]: the range flag.
@@ -250,7 +256,7 @@ def kmap_transpose(out_in: torch.Tensor, num_out: int, num_in: int, pad_rows_to:
     rows = _padded_rows(num_in, pad_rows_to)
     in_out = torch.full((rows, K), -1, dtype=torch.int32, device=out_in.device)
     if num_out > 0 and K > 0:
-        block_r, block_k = _tile(K)
+        block_r, block_k = tile(K)
         _kernels(out_in.device).transpose_kernel[(_cdiv(num_out, block_r), _cdiv(K, block_k))](
             out_in, in_out, num_out, num_in, K, BLOCK_R=block_r, BLOCK_K=block_k)
     return in_out

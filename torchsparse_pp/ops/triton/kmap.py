@@ -87,10 +87,8 @@ def _floor_div(a, b):
 
 @triton.jit
 def _any(hit):
-    """Whether some lane of a 1-D or 2-D bool block is set."""
-    if len(hit.shape) == 2:
-        return tl.max(tl.max(hit.to(tl.int32), 1), 0) > 0
-    return tl.max(hit.to(tl.int32), 0) > 0
+    """Whether some lane of a bool block is set."""
+    return tl.max(hit.to(tl.int32)) > 0
 
 
 @triton.jit
@@ -289,10 +287,10 @@ def candidate_lookup_kernel(coords_ptr, out_keys_ptr, out_in_ptr, n, m, KY, KZ, 
 
 # --- views ------------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["num_out", "num_in", "blocks"])
-def pair_count_kernel(table_ptr, counts_ptr, own_ptr, flags_ptr, num_out, num_in, blocks, K,
+def pair_count_kernel(table_ptr, counts_ptr, own_ptr, range_flag_ptr, num_out, num_in, blocks, K,
                       IDENTITY: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """Per offset k and block of BLOCK_R output rows: counts[k * blocks + block] = its pairs;
-    with IDENTITY own[k] += its pairs that read their own row; flags[0] = 1 if an entry is
+    with IDENTITY own[k] += its pairs that read their own row; range_flag = 1 if an entry is
     >= num_in."""
     rows, k = _tile(BLOCK_R, BLOCK_K)
     ok = (rows < num_out) & (k < K)
@@ -304,7 +302,7 @@ def pair_count_kernel(table_ptr, counts_ptr, own_ptr, flags_ptr, num_out, num_in
     if IDENTITY:
         tl.atomic_add(own_ptr + offset, tl.sum((present & (v == rows)).to(tl.int64), 0), mask=offset < K,
                       sem="relaxed")
-    _flag(flags_ptr, 0, v >= num_in)
+    _flag(range_flag_ptr, 0, v >= num_in)
 
 
 @triton.jit(do_not_specialize=["num_out", "blocks"])
