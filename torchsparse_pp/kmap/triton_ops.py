@@ -88,13 +88,12 @@ def kmap_submanifold(coords: torch.Tensor, kernel_size: Sequence[int], dilation:
     _check_memory(rows * K * 4 + capacity * HASH_SLOT_BYTES,
                   f"the submanifold kernel map ({n} rows x {K} kernel offsets, int32)", device)
     out_in = torch.empty((rows, K), dtype=torch.int32, device=device)
-    if rows == 0:
+    if n == 0:
         return out_in
     kernels, block = _kernels(device), _block()
     keys = torch.full((capacity,), -1, dtype=torch.int64, device=device)
     vals = torch.empty((capacity,), dtype=torch.int32, device=device)
-    if n > 0:
-        kernels.hash_insert_kernel[(_cdiv(n, block),)](coords, keys, vals, n, capacity - 1, BLOCK=block)
+    kernels.hash_insert_kernel[(_cdiv(n, block),)](coords, keys, vals, n, capacity - 1, BLOCK=block)
     block_r, block_k = tile(K)
     kernels.submanifold_query_kernel[(_cdiv(rows, block_r), _cdiv(K, block_k))](
         coords, keys, vals, out_in, n, rows, capacity - 1, *g.k, *g.d, *g.pad, BLOCK_R=block_r, BLOCK_K=block_k)
