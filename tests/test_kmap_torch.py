@@ -458,7 +458,7 @@ def test_kmap_backend_switch(kmap_backend):
         kmap_backend(name)
         assert backends.kmap_backend == name and kmap_backend_for(torch.device("cpu")) == name
     for bad in ("cuda", "Torch", "", 1, True):
-        with pytest.raises(ValueError, match=r"backends.kmap_backend must be None, 'native' or 'torch'"):
+        with pytest.raises(ValueError, match=r"backends.kmap_backend must be None, 'native', 'torch' or 'triton'"):
             backends.kmap_backend = bad
     assert backends.kmap_backend == "torch"  # a refused value changes nothing
     kmap_backend("native")
@@ -468,7 +468,7 @@ def test_kmap_backend_switch(kmap_backend):
         with pytest.raises(RuntimeError, match=r"backends.kmap_backend = 'native' needs the CUDA kernels"):
             kmap_backend_for(torch.device("cuda"))
     with pytest.raises(ValueError, match=r"unknown kernel-map backend"):
-        kmap_ops("triton")
+        kmap_ops("cuda")
 
 
 def test_kernel_maps_remember_their_backend(kmap_backend, monkeypatch, generator, seed):

@@ -14,9 +14,11 @@ ATen and follow ``torch.backends.cuda.matmul.allow_tf32`` instead.
 ``kmap_backend`` (default None): who builds kernel maps and their views (pairs, transposed
 table, implicit-GEMM plans). "native": the compiled ops (csrc/cpu, csrc/cuda); "torch": the
 same maps in plain torch tensor ops (torchsparse_pp.kmap.torch_ops), which run on any device;
-None picks per device: "native" on the CPU, "torch" elsewhere (CUDA included, because the
-native CUDA map builders have not yet run on a GPU). Both give identical maps. A map remembers
-the backend that built it, and its views use the same one.
+"triton": Triton kernels (torchsparse_pp.kmap.triton_ops) that read no device data on the host
+except the size of a new coordinate set and the pair count (CUDA / ROCm tensors, or CPU tensors
+under TRITON_INTERPRET=1); None picks per device: "native" on the CPU, "torch" elsewhere (CUDA
+included, because the native CUDA map builders have not yet run on a GPU). All give identical
+maps. A map remembers the backend that built it, and its views use the same one.
 
 ``validate_plans`` (default False): the GPU kernels trust the index structures they follow (pair
 lists, tables, implicit-GEMM plans), which the library validates once, on the device, when a map
@@ -64,12 +66,13 @@ def _check_bool(name: str, value) -> bool:
     return value
 
 
-KMAP_BACKENDS = ("native", "torch")
+KMAP_BACKENDS = ("native", "torch", "triton")
 
 
 def _check_kmap_backend(value):
     if value is not None and (not isinstance(value, str) or value not in KMAP_BACKENDS):
-        raise ValueError(f"torchsparse_pp.backends.kmap_backend must be None, 'native' or 'torch', got {value!r}")
+        raise ValueError(f"torchsparse_pp.backends.kmap_backend must be None, 'native', 'torch' or 'triton', "
+                         f"got {value!r}")
     return value
 
 

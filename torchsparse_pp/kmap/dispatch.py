@@ -1,4 +1,5 @@
-"""Which implementation builds a kernel map and its views: the compiled ops or torch_ops.
+"""Which implementation builds a kernel map and its views: the compiled ops, torch_ops or
+triton_ops.
 
 ``backends.kmap_backend`` is read at every call; a KernelMap keeps the name it was built with
 so that its lazily built views come from the same implementation.
@@ -9,6 +10,7 @@ import torch
 
 from .. import backends, ops
 from ..ops import kmap_torch
+from ..ops.triton import runtime as triton_runtime
 from . import torch_ops
 
 
@@ -27,15 +29,27 @@ def kmap_backend_for(device: torch.device) -> str:
         if device.type not in ("cpu", "cuda"):
             raise RuntimeError(f"torchsparse_pp.backends.kmap_backend = 'native' has no kernels for {device.type} "
                                f"tensors; set backends.kmap_backend to None or 'torch'")
+    if name == "triton":
+        try:
+            triton_runtime.require(device)
+        except RuntimeError as error:
+            raise RuntimeError(f"torchsparse_pp.backends.kmap_backend = 'triton' cannot build maps of {device.type} "
+                               f"tensors here: {error}") from None
     return name
 
 
 def kmap_ops(name: str) -> ModuleType:
     """The module with the kernel-map functions of backend ``name`` (same signatures). "torch"
-    under torch.compile / export: torch_ops' builders behind custom ops (ops/kmap_torch.py), one
-    graph node each with unbacked sizes, rather than a trace through their sorts and checks."""
+    and "triton" under torch.compile / export: torch_ops' builders behind custom ops
+    (ops/kmap_torch.py), one graph node each with unbacked sizes, rather than a trace through
+    their sorts, checks and kernel launches."""
     if name == "native":
         return ops
+    if name in ("torch", "triton") and torch.compiler.is_compiling():
+        return kmap_torch
     if name == "torch":
-        return kmap_torch if torch.compiler.is_compiling() else torch_ops
-    raise ValueError(f"unknown kernel-map backend {name!r}; expected 'native' or 'torch'")
+        return torch_ops
+    if name == "triton":
+        from . import triton_ops  # imports no triton: its kernels load at first use
+        return triton_ops
+    raise ValueError(f"unknown kernel-map backend {name!r}; expected 'native', 'torch' or 'triton'")

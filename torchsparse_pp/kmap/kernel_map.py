@@ -95,7 +95,7 @@ class KernelMap:
     sets) or 'generative' (P is the generated fine set, Q the coarse input of a generative
     transposed conv). Transposed convs use the map with inputs and outputs swapped.
 
-    ``backend`` names the kernel-map implementation that built it ('native' or 'torch'; None
+    ``backend`` names the kernel-map implementation that built it ('native', 'torch' or 'triton'; None
     asks ``backends.kmap_backend`` for out_in's device); its views are built by the same one.
 
     On GPUs every view (tables, pairs, plans) is validated once, on the device, when it is built

@@ -201,14 +201,19 @@ def _checked_minkowski_mode(mode: str, out_range) -> bool:
     return minkowski
 
 
-def _check_table(table: torch.Tensor, num_rows: int, K: int, num_src: int) -> None:
-    """csrc/cpu/checks_cpu.cpp check_table: an int32 [rows >= num_rows, K] map, entries in [-1, num_src)."""
+def _check_table_shape(table: torch.Tensor, num_rows: int, K: int, num_src: int) -> None:
+    """The part of check_table that reads no data: an int32 [rows >= num_rows, K] map."""
     _check(table.dtype == torch.int32 and table.dim() == 2 and table.shape[1] == K and table.is_contiguous(),
            f"the map must be a contiguous int32 [rows, K = {K}] tensor, got {_dtype_name(table.dtype)} "
            f"{list(table.shape)}")
     _check(0 <= num_rows <= table.shape[0], f"num rows ({num_rows}) must be in [0, {table.shape[0]}]")
     _check_rows(num_rows, "the map (num rows)")
     _check_rows(num_src, "the map's source (num_src)")
+
+
+def _check_table(table: torch.Tensor, num_rows: int, K: int, num_src: int) -> None:
+    """csrc/cpu/checks_cpu.cpp check_table: an int32 [rows >= num_rows, K] map, entries in [-1, num_src)."""
+    _check_table_shape(table, num_rows, K, num_src)
     if num_rows > 0:
         head = table[:num_rows]
         # One host sync for both bounds.
@@ -573,8 +578,14 @@ def kmap_plan(table: torch.Tensor, num_rows: int, split_mask_num: int, tile_rows
     """Execution plan ``(bounds, order, tile_masks)`` of an output-stationary table (see
     ``torchsparse_pp.ops.kmap_plan``)."""
     _check(table.dim() == 2, f"the map must be [rows, K], got {list(table.shape)}")
+    _check_table(table, num_rows, table.shape[1], INT32_MAX)
+    return _build_plan(table, num_rows, split_mask_num, tile_rows, sort_window)
+
+
+def _build_plan(table: torch.Tensor, num_rows: int, split_mask_num: int, tile_rows: int,
+                sort_window: int) -> Tensors3:
+    """kmap_plan after its table check: reads nothing on the host."""
     K = table.shape[1]
-    _check_table(table, num_rows, K, INT32_MAX)
     is_sorted, splits, window, words, tiles, bounds = _plan_shape(K, num_rows, split_mask_num, tile_rows,
                                                                  sort_window)
     device = table.device

@@ -1,4 +1,5 @@
-"""Triton kernels of the three dataflows, one module per dataflow (mirroring csrc/cuda).
+"""Triton kernels of the three dataflows, one module per dataflow (mirroring csrc/cuda), and of
+kernel-map building (kmap).
 
 Importing this package does not import triton: ``load(name)`` imports a kernel module on first
 use, after ``runtime.require`` has checked that triton can run on the tensors' device (on CPU
@@ -6,7 +7,7 @@ tensors only under the Triton interpreter, ``TRITON_INTERPRET=1``).
 """
 import importlib
 
-KERNEL_MODULES = ("fetch_on_demand", "implicit_gemm", "gather_scatter")
+KERNEL_MODULES = ("fetch_on_demand", "implicit_gemm", "gather_scatter", "kmap")
 
 
 def load(name: str):

@@ -9,7 +9,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Dict, Iterator, Tuple
 
-from . import common, fetch_on_demand, gather_scatter, implicit_gemm
+from . import common, fetch_on_demand, gather_scatter, implicit_gemm, kmap
 from .tiles import tiles_for
 
 # (label, feature type, accumulator type, dot precision, tile mode) of every compute mode.
@@ -53,6 +53,29 @@ FIXED_KERNELS = (
 )
 
 
+# The kernel-map kernels: pointer types by name (every other argument a 32-bit integer) and
+# the compile-time variants the builders launch (kmap/triton_ops.py), at the GPU program shapes
+# for one offset and for the widest offset block.
+KMAP_POINTERS = {
+    "coords_ptr": "*i32", "keys_ptr": "*i64", "vals_ptr": "*i32", "out_in_ptr": "*i32", "flags_ptr": "*i32",
+    "cand_ptr": "*i64", "sorted_ptr": "*i64", "heads_ptr": "*i32", "ranks_ptr": "*i64", "out_keys_ptr": "*i64",
+    "out_coords_ptr": "*i32", "table_ptr": "*i32", "counts_ptr": "*i64", "own_ptr": "*i64",
+    "range_flag_ptr": "*i64", "ends_ptr": "*i64", "in_idx_ptr": "*i32", "out_idx_ptr": "*i32",
+    "offsets_ptr": "*i64", "in_out_ptr": "*i32",
+}
+KMAP_1D = (kmap.hash_insert_kernel, kmap.pack_check_kernel, kmap.adjacent_repeat_kernel, kmap.sorted_heads_kernel,
+           kmap.scatter_heads_kernel)
+_NEW_SETS = ((kmap.READ_BY, False, True), (kmap.READ_BY, True, True), (kmap.FLOOR, False, False),
+             (kmap.WRITES, False, True), (kmap.WRITES, True, True))
+_LOOKUPS = ((kmap.READ_BY, False, False), (kmap.READ_BY, True, False), (kmap.WRITES, False, True),
+            (kmap.WRITES, True, True))
+KMAP_2D = ((kmap.submanifold_query_kernel, [{}]),
+           (kmap.candidate_keys_kernel, [dict(RELATION=r, CLIP=c, STRICT=s) for r, c, s in _NEW_SETS]),
+           (kmap.candidate_lookup_kernel, [dict(RELATION=r, CLIP=c, ROWS_ARE_INPUTS=i) for r, c, i in _LOOKUPS]),
+           (kmap.pair_count_kernel, [dict(IDENTITY=True), dict(IDENTITY=False)]),
+           (kmap.pair_write_kernel, [{}]), (kmap.transpose_kernel, [{}]))
+
+
 @dataclass(frozen=True)
 class Instantiation:
     name: str          # kernel[variant]/mode/tile
@@ -81,6 +104,35 @@ def _signature(fn, feature: str, acc: str, out_role: str):
     return signature, attrs
 
 
+def _kmap_signature(fn):
+    signature, attrs = {}, {}
+    for i, p in enumerate(inspect.signature(fn.fn).parameters.values()):
+        if p.annotation is not inspect.Parameter.empty and "constexpr" in str(p.annotation):
+            signature[p.name] = "constexpr"
+        elif p.name in KMAP_POINTERS:
+            signature[p.name] = KMAP_POINTERS[p.name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[p.name] = "i32"
+    return signature, attrs
+
+
+def kmap_instantiations() -> Iterator[Instantiation]:
+    """The kernel-map kernels (no float modes)."""
+    from ...kmap.triton_ops import GPU_BLOCK, GPU_TILE_LANES, GPU_TILE_OFFSETS
+    for fn in KMAP_1D:
+        signature, attrs = _kmap_signature(fn)
+        yield Instantiation(f"{fn.fn.__name__}/kmap", fn, signature, {"BLOCK": GPU_BLOCK}, attrs, 4, 2, "ieee")
+    for fn, variants in KMAP_2D:
+        signature, attrs = _kmap_signature(fn)
+        for fixed in variants:
+            variant = "".join(f"[{k.lower()}={int(v)}]" for k, v in fixed.items())
+            for block_k in (1, GPU_TILE_OFFSETS):
+                constexprs = dict(fixed, BLOCK_R=GPU_TILE_LANES // block_k, BLOCK_K=block_k)
+                yield Instantiation(f"{fn.fn.__name__}{variant}/kmap/k{block_k}", fn, signature, constexprs, attrs,
+                                    4, 2, "ieee")
+
+
 def _out_roles(fn, feature: str, acc: str):
     """The distinct output types of a kernel in one mode (fp32 partials of fp32 are the output type)."""
     roles = OUTPUTS[fn.fn.__name__]
@@ -88,6 +140,7 @@ def _out_roles(fn, feature: str, acc: str):
 
 
 def instantiations() -> Iterator[Instantiation]:
+    yield from kmap_instantiations()
     for label, feature, acc, precision, tile_mode in MODES:
         tiles = tiles_for(tile_mode)
         for fn, fixed in GEMM_KERNELS:
