@@ -4,6 +4,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from . import backends
 from .kmap.geometry import Triple, triple
 
 BATCH_MAX = (1 << 15) - 1
@@ -28,10 +29,27 @@ def check_sparse_tensor(coords: torch.Tensor, feats: torch.Tensor, spatial_range
     coord_bounds = torch.stack(torch.aminmax(coords, dim=0)).to(torch.float64).flatten()
     feat_bounds = (torch.stack(torch.aminmax(feats)).to(torch.float64) if feats.numel()
                    else torch.zeros(2, dtype=torch.float64, device=feats.device))
-    values = torch.cat([coord_bounds, feat_bounds]).tolist()
+    parts = [coord_bounds, feat_bounds]
+    if backends.decision_device_type(coords.device) != "cpu":
+        # The GPU's map builders find neighbours in a hash table that cannot report a repeated
+        # coordinate without a host read of its own: the check rides on this read instead.
+        parts.append(_repeated_rows(coords).to(torch.float64).view(1))
+    values = torch.cat(parts).tolist()
     _check_coord_bounds([int(v) for v in values[:4]], [int(v) for v in values[4:8]], spatial_range)
-    if not all(math.isfinite(v) for v in values[8:]):
+    if not all(math.isfinite(v) for v in values[8:10]):
         raise ValueError("feats contain NaN or Inf values")
+    if len(values) > 10 and values[10]:
+        raise ValueError(f"coords hold {int(values[10])} repeated rows: the coordinates of a SparseTensor must be "
+                         "unique (torchsparse_pp.utils.sparse_quantize removes duplicates)")
+
+
+def _repeated_rows(coords: torch.Tensor) -> torch.Tensor:
+    """How many rows repeat an earlier one (on the device; keys packed after an offset into the
+    supported range, so any row the range check passes packs uniquely)."""
+    c = coords.to(torch.int64)
+    keys = (c[:, 0] << 48) | ((c[:, 1] - SPATIAL_MIN) << 32) | ((c[:, 2] - SPATIAL_MIN) << 16) | (c[:, 3] - SPATIAL_MIN)
+    ordered = torch.sort(keys).values
+    return (ordered[1:] == ordered[:-1]).sum()
 
 
 def _check_coords_form(coords: torch.Tensor) -> None:

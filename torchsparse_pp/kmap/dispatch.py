@@ -16,11 +16,14 @@ from . import torch_ops
 
 def kmap_backend_for(device: torch.device) -> str:
     """The backend name for maps of tensors on ``device``: ``backends.kmap_backend``, or when
-    that is None, "native" on the CPU and "torch" on any other device."""
+    that is None, "native" on the CPU, "triton" on CUDA where Triton runs (no host read for
+    submanifold and transposed maps, one per strided map), else "torch"."""
     device = torch.device(device)
     name = backends.kmap_backend
     if name is None:
-        return "native" if backends.decision_device_type(device) == "cpu" else "torch"
+        if backends.decision_device_type(device) == "cpu":
+            return "native"
+        return "triton" if _triton_runs(device) else "torch"
     if name == "native":
         if device.type == "cuda" and not torch.ops.torchsparse_pp.cuda_built():
             raise RuntimeError("torchsparse_pp.backends.kmap_backend = 'native' needs the CUDA kernels for maps "
@@ -36,6 +39,14 @@ def kmap_backend_for(device: torch.device) -> str:
             raise RuntimeError(f"torchsparse_pp.backends.kmap_backend = 'triton' cannot build maps of {device.type} "
                                f"tensors here: {error}") from None
     return name
+
+
+def _triton_runs(device: torch.device) -> bool:
+    try:
+        triton_runtime.require(device)
+    except RuntimeError:
+        return False
+    return True
 
 
 def kmap_ops(name: str) -> ModuleType:

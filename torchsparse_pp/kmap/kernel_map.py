@@ -30,7 +30,8 @@ class GeometryKey(NamedTuple):
 class PairsView:
     """Weight-stationary view: the (in_idx, out_idx) pairs of offset k are
     ``[offsets[k], offsets[k+1])``, sorted by output or input row; each output and each input
-    appears once per offset.
+    appears once per offset. On the GPU path the lists may be longer than ``offsets[K]`` (room
+    for every cell, so that no count is read to the host); entries past it are never read.
 
     ``host_offsets`` and ``host_identity`` are CPU copies of ``offsets`` and ``identity`` (the
     same tensors for maps the CPU path decides for), read from the device once, when first asked:
@@ -65,6 +66,14 @@ class PairsView:
     @property
     def host_identity(self) -> torch.Tensor:
         return self._host()[1]
+
+    def exact(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(in_idx, out_idx)`` holding the pairs only (for readers of whole lists: pooling); for
+        bounded lists this reads their length to the host once."""
+        total = int(self.host_offsets[-1])
+        if self.in_idx.numel() == total:
+            return self.in_idx, self.out_idx
+        return self.in_idx[:total], self.out_idx[:total]
 
     @property
     def pairs_per_offset(self) -> torch.Tensor:
@@ -166,7 +175,7 @@ class KernelMap:
         """The same pairs, sorted within each offset by output row ('out') or input row ('in')."""
         if side not in self._pairs:
             if side == "out":
-                ins, outs, offsets, identity = self._ops.kmap_pairs(self.out_in, self.num_in, self.num_out)
+                ins, outs, offsets, identity = self._pairs_of(self.out_in, self.num_in, self.num_out)
             elif side == "in" and self.symmetric and not torch.compiler.is_compiling():
                 out = self.pairs_sorted_by("out")
                 on_host = backends.decision_device_type(out.offsets.device) == "cpu"
@@ -176,7 +185,7 @@ class KernelMap:
                 ins, outs, offsets, identity = out.in_idx, out.out_idx, out.offsets, out.identity
             elif side == "in":
                 # Pairs of the transposed table come sorted by input; swap back to map roles.
-                outs, ins, offsets, identity = self._ops.kmap_pairs(self.in_out, self.num_out, self.num_in)
+                outs, ins, offsets, identity = self._pairs_of(self.in_out, self.num_out, self.num_in)
             else:
                 raise ValueError(f"side must be 'out' or 'in', got {side!r}")
             host = None
@@ -241,6 +250,17 @@ class KernelMap:
             self._in_out = (self.out_in.flip(1).contiguous() if self.symmetric else
                             self._ops.kmap_transpose(self.out_in, self.num_out, self.num_in, OUT_IN_ROW_PADDING))
         return self._in_out
+
+    def _pairs_of(self, table: torch.Tensor, num_in: int, num_out: int):
+        """kmap_pairs of one table; on the GPU path, from a builder that offers it, the bounded
+        form (lists with room for every cell, counts on the device: no host read), unless
+        validation (which checks exact lengths) is asked for."""
+        bounded = getattr(self._ops, "kmap_pairs_bounded", None)
+        if (bounded is not None and backends.decision_device_type(table.device) != "cpu"
+                and not backends.validate_plans and not validates_views(table.device, self.backend)
+                and not torch.compiler.is_compiling()):
+            return bounded(table, num_in, num_out)
+        return self._ops.kmap_pairs(table, num_in, num_out)
 
     def _rows_and_sources(self, side: str) -> Tuple[int, int]:
         """(rows, source rows) of the table of ``side``: outputs and inputs for 'out'."""

@@ -246,6 +246,34 @@ def kmap_pairs(out_in: torch.Tensor, num_in: int, num_out: int
     return in_idx, out_idx, offsets, identity
 
 
+def kmap_pairs_bounded(out_in: torch.Tensor, num_in: int, num_out: int
+                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kmap_pairs with no host read, for tables the library built: ``in_idx`` / ``out_idx`` have
+    room for every (row, offset) cell, ``K * num_out``, and hold the pairs in their first
+    ``offsets[K]`` entries (the rest is never read: the GPU dataflows read the counts from
+    ``offsets`` on the device). Entries are not range-checked."""
+    K, device = out_in.shape[1], out_in.device
+    if num_out == 0 or K == 0:
+        return kmap_pairs(out_in, num_in, num_out)
+    table = out_in.contiguous()
+    kernels = _kernels(device)
+    block_r, block_k = tile(K)
+    blocks, grid = _cdiv(num_out, block_r), (_cdiv(num_out, block_r), _cdiv(K, block_k))
+    counts = torch.empty(K * blocks, dtype=torch.int64, device=device)
+    own = torch.zeros(K + 1, dtype=torch.int64, device=device)
+    check_identity = num_in == num_out
+    kernels.pair_count_kernel[grid](table, counts, own, own[K:], num_out, num_in, blocks, K,
+                                    IDENTITY=check_identity, BLOCK_R=block_r, BLOCK_K=block_k)
+    ends = torch.cumsum(counts, 0)
+    in_idx = torch.empty(K * num_out, dtype=torch.int32, device=device)
+    out_idx = torch.empty(K * num_out, dtype=torch.int32, device=device)
+    offsets = torch.empty(K + 1, dtype=torch.int64, device=device)
+    kernels.pair_write_kernel[grid](table, ends, in_idx, out_idx, offsets, num_out, blocks, K, BLOCK_R=block_r,
+                                    BLOCK_K=block_k)
+    identity = own[:K] == num_out if check_identity else torch.zeros(K, dtype=torch.bool, device=device)
+    return in_idx, out_idx, offsets, identity
+
+
 def kmap_transpose(out_in: torch.Tensor, num_out: int, num_in: int, pad_rows_to: int) -> torch.Tensor:
     """``in_out[p, k] = q`` wherever ``out_in[q, k] = p``, rows padded to ``pad_rows_to``; no
     host read (entries outside ``[0, num_in)`` are not written, nor reported)."""

@@ -29,8 +29,8 @@ def max_pool3d(input: SparseTensor, kernel_size: IntOr3, stride: Optional[IntOr3
     """Per-channel max over the kernel neighbourhood, on the conv output set of this geometry.
     ``stride`` defaults to ``kernel_size`` as in torch.nn.MaxPool3d."""
     geometry, kmap = _pool_map(input, kernel_size, stride, dilation, padding, downsample_mode)
-    pairs = kmap.pairs
-    feats, _ = ops.pool_pairs_max(input.F, pairs.in_idx, pairs.out_idx, kmap.num_out)
+    in_idx, out_idx = kmap.pairs.exact()
+    feats, _ = ops.pool_pairs_max(input.F, in_idx, out_idx, kmap.num_out)
     return _pooled(input, geometry, kmap, feats)
 
 
@@ -39,8 +39,8 @@ def avg_pool3d(input: SparseTensor, kernel_size: IntOr3, stride: Optional[IntOr3
                downsample_mode: str = "spconv") -> SparseTensor:
     """Mean over the inputs present in the kernel neighbourhood (absent sites do not count)."""
     geometry, kmap = _pool_map(input, kernel_size, stride, dilation, padding, downsample_mode)
-    pairs = kmap.pairs
-    feats = ops.pool_pairs_mean(input.F, pairs.in_idx, pairs.out_idx, kmap.num_out)
+    in_idx, out_idx = kmap.pairs.exact()
+    feats = ops.pool_pairs_mean(input.F, in_idx, out_idx, kmap.num_out)
     return _pooled(input, geometry, kmap, feats)
 
 
