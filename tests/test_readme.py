@@ -12,7 +12,7 @@ README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
 
 def test_readme_python_blocks_run():
     with open(README) as f:
-        blocks = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+        blocks = re.findall(r"```python[^\n]*\n(.*?)```", f.read(), flags=re.S)
     assert len(blocks) >= 2, "the README lost its Python examples"
     namespace = {}
     flag = backends.deterministic
