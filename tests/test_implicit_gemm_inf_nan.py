@@ -41,7 +41,7 @@ def test_implicit_gemm_keeps_the_gather_inf_nan_pattern(gen, backend):
         reference = run_pass(x, weight, ConvConfig("gather_scatter"), grad)
         if reference[0].isnan().any():
             break
-    # Without the fix most rows of the output would be NaN (every row lacks some neighbour).
+    # A kernel that let one NaN weight reach every row would make most rows NaN (each lacks some neighbour).
     assert 0 < int(reference[0].isnan().any(1).sum()) < len(coords) // 2
     configs = [ConvConfig("implicit_gemm", sorted=False, split_mask_num=0, backend=backend),
                ConvConfig("implicit_gemm", sorted=True, split_mask_num=1, backend=backend),
