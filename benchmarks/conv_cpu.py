@@ -10,8 +10,8 @@ Layers (the MinkUNet layer shapes, each at the tensor stride where MinkUNet runs
 SubM 3^3 32->32 at stride 1, 64->64 at stride 4, 128->128 at stride 8, 256->256 at stride 16;
 the k2 s2 downsample 32->32 from stride 1 to 2 and its transposed conv 32->32 from stride 2 back
 to stride 1 (it reuses the downsample's map; spconv: ``ops.indice_conv(inverse=True)`` on the
-downsample's pairs). Extra rows: SubM 3^3 at C = 64 and 128 on the full stride-1 scan (the rows
-of earlier runs of this benchmark, kept for a like-for-like history).
+downsample's pairs). Extra rows: SubM 3^3 at C = 64 and 128 on the full stride-1 scan (wider channels at the
+largest voxel count).
 
 Contenders per layer and thread count (--threads, default 1 and 2):
 - ours, every dataflow config (CONFIGS below): gather_scatter, gather_scatter with adaptive
@@ -52,7 +52,7 @@ matched by sorting coordinates, as max |diff| / max |spconv|; a warning is print
 Reported per layer: the best dataflow (by forward time at 2 threads) and its speedup t_spconv /
 t_ours (> 1: ours faster) vs spconv at 2 threads (racy; its fastest setting) and at 1 thread;
 ours' share of the torch.mm rate (GFLOP/s ours / GFLOP/s mm) at each thread count; map-build
-speedups; and the targets of the issue as pass / fail lines at 2 threads.
+speedups; and the performance targets as pass / fail lines at 2 threads.
 
 Usage: python benchmarks/conv_cpu.py [--repeats N] [--warmup N] [--threads 1,2] [--out DIR] [--quick]
 """

@@ -784,7 +784,7 @@ def summarize_mode(result: Dict[str, Any], shape: Dict[str, Any], config_names: 
 
 
 def targets(rows: List[Dict[str, Any]], modes: Sequence[str], spconv_note: Optional[str]) -> List[Dict[str, Any]]:
-    """The issue's targets as PASS / FAIL / SKIP entries (a missing value on a counted layer fails)."""
+    """The performance targets as PASS / FAIL / SKIP entries (a missing value on a counted layer fails)."""
     out = []
 
     def entry(text, mode, threshold, values, skip_reason=None):

@@ -21,7 +21,7 @@ race-free setting; its >1-thread figures are RACY):
 Before timing: each of ours' float32 outputs vs spconv's at 1 thread (rel. error < 1e-4; bf16
 variants < 5e-2) and the bf16 per-voxel argmax agreement with float32 (MinkUNet; with these random
 weights and BatchNorm statistics many voxels' top logits nearly tie, so this is a worst case: the
-agreement of a trained model, the issue's >= 99 % target, is a test, tests/test_bf16_agreement.py).
+agreement of a trained model, >= 99 %, is a test: tests/test_bf16_agreement.py).
 
 Roofline: the network's conv MACs (every Conv3d: pairs x C_in x C_out, 1x1x1 convs N x C_in x
 C_out; counted on the timed input) at the rate of torch.mm on 2048 x 2048 matrices at the same

@@ -18,7 +18,7 @@ if [ "$workers" -gt 1 ] && "$PYTHON" -c "import xdist" 2>/dev/null; then
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( threads > 2 ? threads : 2 ))}
   echo "[tests] $workers pytest-xdist workers, $OMP_NUM_THREADS torch threads each"
 fi
-"$PYTHON" -m pytest -q "${parallel[@]}" "$@"
+"$PYTHON" -m pytest -q --durations=25 "${parallel[@]}" "$@"
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "[tests] pytest collected no tests: the test suite is missing or every file failed to import" >&2

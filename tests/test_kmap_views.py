@@ -123,6 +123,7 @@ def test_strided_maps_over_sorted_coords_reuse_their_output_sorted_pairs(kmap_ba
 def test_empty_maps_validate():
     table = torch.full((128, 27), -1, dtype=torch.int32)
     ins, outs, offsets, identity = ops.kmap_pairs(table, 0, 0)
+    assert ins.numel() == 0 and outs.numel() == 0 and offsets.tolist() == [0] * 28
     validate_pairs(ins, outs, offsets, identity, 0, 0, sorted_by="dst", unique_src=True)
     validate_plan(table, 0, 0, *ops.kmap_plan(table, 0, 2, 64, 0), 64)
 
@@ -405,13 +406,23 @@ def test_validate_plans_checks_fetch_on_demand_order(subm_pairs, gen, switches):
         ops.fetch_on_demand_forward(feats, weight, src, dst, offsets, identity, kmap.num_out)
 
 
-def test_conv_runs_with_validate_plans(gen, switches):
-    backends.validate_plans = True
+def test_validate_plans_leaves_valid_convs_unchanged(gen, switches):
+    """On a valid map the checks raise nothing and change no result: forward, dgrad and wgrad are
+    bit-identical with and without validate_plans, for every dataflow."""
     x = sparse_input(gen)
-    weight = torch.randn(27, 4, 5, generator=gen, requires_grad=True)
+    weight = torch.randn(27, 4, 5, generator=gen)
+    grad = torch.randn(len(x.C), 5, generator=gen)
     for dataflow in ("gather_scatter", "fetch_on_demand", "implicit_gemm"):
-        y = conv3d(x, weight, 3, config=ConvConfig(dataflow))
-        y.F.sum().backward()
+        results = []
+        for validate in (False, True):
+            backends.validate_plans = validate
+            feats = x.F.detach().clone().requires_grad_(True)
+            w = weight.clone().requires_grad_(True)
+            y = conv3d(tsp.SparseTensor(feats, x.C.clone()), w, 3, config=ConvConfig(dataflow))
+            y.F.backward(grad)
+            results.append((y.F.detach(), feats.grad, w.grad))
+        for what, plain, checked in zip(("forward", "dgrad", "wgrad"), *results):
+            assert torch.equal(plain, checked), f"{dataflow} {what} changed under validate_plans"
 
 
 def test_fetch_on_demand_cpu_flags_change_nothing(subm_pairs, gen):

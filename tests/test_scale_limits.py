@@ -191,7 +191,7 @@ ROWS = r"has 2147483648 rows; at most 2\^31 - 1 = 2147483647 are supported \(row
 
 
 def test_row_counts_past_int32_fail_before_allocating_in_the_map_builders(gen):
-    """test_leftovers.py covers downsample / generative / pairs / transpose and the dataflows;
+    """test_int32_row_limits.py covers downsample / generative / pairs / transpose and the dataflows;
     these are the builders whose outputs are [N, K] tables or hash tables: submanifold (native and
     torch builders), out_in and hash_build / hash_query. Expanded views stand for 2^31 rows
     without memory; the check comes before the copy to contiguous memory (32 GiB)."""

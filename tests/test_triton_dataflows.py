@@ -6,9 +6,13 @@ needed), against the float64 dense oracle and against each other:
 2. float16, bfloat16 and float64 on a subset of geometries;
 3. every tile of each compute mode;
 4. all Triton configs agree with the native CPU dataflows on LiDAR-like crops;
-5. deterministic mode: bit-identical runs (the owned-rows fetch_on_demand, one-chunk wgrads);
-6. edge cases: one point, 1 and 33 channels, offsets without pairs, more splits than offsets;
-7. float64 gradcheck through the autograd Function.
+5. edge cases: one point, 1 and 33 channels, offsets without pairs, more splits than offsets;
+6. float64 gradcheck through the autograd Function.
+
+Deterministic mode's kernels meet the oracle in 1. (the flag alternates over the cases). Whether
+repeated runs are bit-identical is not tested here: the interpreter runs a grid's programs one at
+a time, in order, so its atomics never race and equal runs would prove nothing.
+tests/test_cuda_dataflows.py repeats the runs compiled, on a GPU.
 
 On a machine with a GPU (TRITON_INTERPRET unset) these are skipped; tests/test_cuda_dataflows.py
 runs the same kernels compiled. CI installs triton; elsewhere the file is skipped without it.
@@ -182,25 +186,7 @@ def test_mixed_backends_per_pass(gen):
 
 
 # --------------------------------------------------------------------------------------------
-# 5. Deterministic mode
-# --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("config", ["fod", "ig_sorted_split2_m64", "gs"])
-def test_deterministic_mode_is_bit_identical(config, gen, deterministic_flag):
-    deterministic_flag(True)
-    geom = GEOMETRIES["subm_k3"]
-    coords = lidar_scene(0)
-    feats = torch.randn(len(coords), 8, generator=gen)
-    weight = torch.randn(27, 8, 8, generator=gen)
-    runs = [run_ours(tsp.SparseTensor(feats, coords.clone()), weight, geom, TRITON_CONFIGS[config], 3)
-            for _ in range(2)]
-    for a, b in zip(runs[0][:3], runs[1][:3]):
-        a = a.F if isinstance(a, tsp.SparseTensor) else a
-        b = b.F if isinstance(b, tsp.SparseTensor) else b
-        assert torch.equal(a, b)
-
-
-# --------------------------------------------------------------------------------------------
-# 6. Edge cases
+# 5. Edge cases
 # --------------------------------------------------------------------------------------------
 EDGE_TRITON = ["single_point_subm_k3", "single_point_k2s2", "single_point_generative_k3s2", "channels_1_to_33_subm_k3",
                "channels_33_to_1_k2s2", "empty_offsets_k3s2p1", "kernel_1_stride_2"]
@@ -252,7 +238,7 @@ def test_more_splits_than_offsets(split, gen):
 
 
 # --------------------------------------------------------------------------------------------
-# 7. gradcheck (float64)
+# 6. gradcheck (float64)
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("config", ["fod", "ig_sorted_split2_m64", "gs_grouped"])
 def test_gradcheck(config, gen):

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One run on the GPU device machine, from a copy of the repository: versions and nvidia-smi, the
+# One run on a GPU machine, from a copy of the repository: versions and nvidia-smi, the
 # CUDA build (timed; if it fails, a CPU-only build so the Triton backend and the torch-ops maps
 # still get verified), the GPU tests (both backends), the spconv peer (when .peers travelled
 # along), the GPU benchmark, then a short summary as the last lines of output.
 #
-#   device tool:  run(command="bash tools/device_check.sh", carry=[".peers"], timeout_s=600)
+#   usage:        bash tools/device_check.sh [options]   (from a copy of the repository; put
+#                 .peers/ beside the sources to time spconv)
 #   options:      --all-tests   also run the rest of the suite (-m "not cuda") with the time left
 #                 --skip-build  reuse an existing build when it imports and has CUDA (warm machine)
 #                 --no-tests    skip the CUDA tests        --no-bench   skip the benchmark
@@ -14,7 +15,7 @@
 #
 # Files written under $OUT, flat: env.log build.log tests.log bench.log conv_gpu.json conv_gpu.png
 # summary.txt, tests_rest.log with --all-tests, build_cpu.log when the CUDA build failed.
-# .peers holds spconv-cu126 2.3.8 packed by shared/tools/gpu_peers.sh (the machine has no network).
+# .peers holds spconv-cu126 2.3.8 packed by gpu_peers.sh (docs/gpu.md; the GPU machine has no network).
 set -uo pipefail  # no -e: every step runs under its own timeout and reports its own status
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
@@ -32,7 +33,7 @@ for arg in "$@"; do
     --no-tests) RUN_TESTS=0 ;;
     --no-bench) RUN_BENCH=0 ;;
     --quick) QUICK="--quick" ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "device_check.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -183,7 +184,7 @@ if [ -f .peers/gpu_peers.sh ] && [ -f .peers/gpu_peers.tar.xz ]; then
     note "peers: unpacking .peers failed"
   fi
 else
-  note "peers: no .peers (pass carry=[\".peers\"]; pack it with shared/tools/gpu_peers.sh pack .peers): spconv not timed"
+  note "peers: no .peers/ in this copy (packed by gpu_peers.sh pack .peers, docs/gpu.md): spconv not timed"
 fi
 
 # --- benchmark ----------------------------------------------------------------------------------
