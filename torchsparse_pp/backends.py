@@ -15,9 +15,9 @@ ATen and follow ``torch.backends.cuda.matmul.allow_tf32`` instead.
 table, implicit-GEMM plans). "native": the compiled ops (csrc/cpu, csrc/cuda); "torch": the
 same maps in plain torch tensor ops (torchsparse_pp.kmap.torch_ops), which run on any device;
 "triton": Triton kernels (torchsparse_pp.kmap.triton_ops) that read no device data on the host
-except the size of a new coordinate set and the pair count (CUDA / ROCm tensors, or CPU tensors
-under TRITON_INTERPRET=1); None picks per device: "native" on the CPU, "torch" elsewhere (CUDA
-included, because the native CUDA map builders have not yet run on a GPU). All give identical
+except the size of a new coordinate set (CUDA / ROCm tensors, or CPU tensors under
+TRITON_INTERPRET=1); None picks per device: "native" on the CPU, "triton" on GPUs where Triton
+runs (else "torch"; the native CUDA map builders have not yet run on a GPU). All give identical
 maps. A map remembers the backend that built it, and its views use the same one.
 
 ``validate_plans`` (default False): the GPU kernels trust the index structures they follow (pair

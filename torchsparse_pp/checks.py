@@ -46,8 +46,9 @@ def check_sparse_tensor(coords: torch.Tensor, feats: torch.Tensor, spatial_range
 def _repeated_rows(coords: torch.Tensor) -> torch.Tensor:
     """How many rows repeat an earlier one (on the device; keys packed after an offset into the
     supported range, so any row the range check passes packs uniquely)."""
-    c = coords.to(torch.int64)
-    keys = (c[:, 0] << 48) | ((c[:, 1] - SPATIAL_MIN) << 32) | ((c[:, 2] - SPATIAL_MIN) << 16) | (c[:, 3] - SPATIAL_MIN)
+    low, place = torch.tensor([[0, SPATIAL_MIN, SPATIAL_MIN, SPATIAL_MIN], [1 << 48, 1 << 32, 1 << 16, 1]],
+                              dtype=torch.int64, device=coords.device)
+    keys = ((coords.to(torch.int64) - low) * place).sum(1)
     ordered = torch.sort(keys).values
     return (ordered[1:] == ordered[:-1]).sum()
 

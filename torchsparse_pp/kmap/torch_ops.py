@@ -11,6 +11,7 @@ Errors are ``RuntimeError`` with the compiled ops' messages, raised in the same 
 the same first problem), before anything large is allocated: row counts past 2^31 - 1, stride,
 dilation or padding past 2^20, inputs outside the packable range or repeated.
 """
+import functools
 import operator
 import os
 from typing import List, Optional, Sequence, Tuple
@@ -535,8 +536,9 @@ def _plan_shape(K: int, num_rows: int, split_mask_num: int, tile_rows: int, sort
     return is_sorted, splits, window, words, tiles, bounds
 
 
+@functools.lru_cache(maxsize=64)
 def _bit_values(device) -> torch.Tensor:
-    """2^j for j < 64 as int64 (bit 63 is the sign bit)."""
+    """2^j for j < 64 as int64 (bit 63 is the sign bit); one tensor per device, read only."""
     return torch.tensor([1 << j if j < 63 else -(1 << 63) for j in range(64)], dtype=torch.int64, device=device)
 
 
@@ -605,4 +607,11 @@ def _build_plan(table: torch.Tensor, num_rows: int, split_mask_num: int, tile_ro
             bits = torch.cat([bits, bits.new_zeros(padded - num_rows, bits.shape[1])])
         tile_bits = bits.reshape(tiles, tile_rows, bits.shape[1]).any(1)
         tile_masks[s] = _pack_bits(tile_bits, words, bit_values)
-    return torch.tensor(bounds, dtype=torch.int64, device=device), order, tile_masks
+    return _bounds_tensor(tuple(bounds), device), order, tile_masks
+
+
+@functools.lru_cache(maxsize=1024)
+def _bounds_tensor(bounds: Tuple[int, ...], device) -> torch.Tensor:
+    """A plan's split bounds on ``device``: few distinct ones, kept (read only) rather than copied
+    to the device for every plan."""
+    return torch.tensor(bounds, dtype=torch.int64, device=device)

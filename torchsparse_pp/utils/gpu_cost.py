@@ -130,6 +130,17 @@ def _launches(cost: GpuCost):
     return wrap
 
 
+def _from_python(cost: GpuCost):
+    """torch.tensor(values): one op (a host-to-device copy on a GPU), not seen by the dispatcher."""
+    def wrap(original):
+        def tensor(*args, **kwargs):
+            cost.op("torch.tensor")
+            with _disable_current_modes():
+                return original(*args, **kwargs)
+        return tensor
+    return wrap
+
+
 def _synchronize(cost: GpuCost):
     def wrap(original):
         def synchronize(*args, **kwargs):
@@ -156,6 +167,7 @@ def count_gpu_cost():
         for method in ("tolist", "cpu", "numpy"):
             stack.enter_context(_patched(torch.Tensor, method, _reads(cost, f".{method}")))
         stack.enter_context(_patched(torch.cuda, "synchronize", _synchronize(cost)))
+        stack.enter_context(_patched(torch, "tensor", _from_python(cost)))
         for cls in _triton_classes():
             stack.enter_context(_patched(cls, "run", _launches(cost)))
         stack.enter_context(_Counting(cost))

@@ -11,6 +11,8 @@ from typing import Optional
 import torch
 
 from ... import backends, ops
+from ...ops.triton import load as triton_load
+from ...ops.triton import runtime as triton_runtime
 from ...utils.cpu_bf16 import bf16_gemm_emulated, linear_float32
 from .config import PassConfigs
 from .cpu_half import computes_in_float32, widened
@@ -45,8 +47,11 @@ class Epilogue:
     def apply(self, out: torch.Tensor, bias: Optional[torch.Tensor], fresh: bool = False) -> torch.Tensor:
         """The epilogue as torch ops (differentiable). ``fresh``: ``out`` is a new tensor that
         nothing else holds and whose producer's backward does not read it (a GEMM's output), so
-        the sums and the ReLU may run in place, without a new tensor per step."""
+        the sums and the ReLU may run in place, without a new tensor per step. On the GPU path,
+        where autograd records nothing, one Triton launch in place instead."""
         residual = self._residual_for(out)
+        if _one_launch(out, bias, residual):
+            return triton_load("epilogue").apply_in_place(out, bias, residual, self.relu)
         if bias is not None:
             out = out.add_(bias) if fresh else out + bias
         if residual is not None:
@@ -54,6 +59,23 @@ class Epilogue:
         if not self.relu:
             return out
         return out.relu_() if fresh else torch.relu(out)
+
+
+def _one_launch(out: torch.Tensor, bias, residual) -> bool:
+    """Whether the epilogue runs as one Triton launch: GPU-path decisions, eager, nothing that
+    autograd records, matching dtypes and row-contiguous operands."""
+    if torch.compiler.is_compiling() or backends.decision_device_type(out.device) == "cpu":
+        return False
+    operands = [t for t in (out, bias, residual) if t is not None]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in operands):
+        return False
+    if any(t.dtype != out.dtype or t.stride(-1) != 1 for t in operands) or out.dim() != 2:
+        return False
+    try:
+        triton_runtime.require(out.device)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _native_fetch_on_demand(config) -> bool:

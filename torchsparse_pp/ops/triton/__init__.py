@@ -7,7 +7,7 @@ tensors only under the Triton interpreter, ``TRITON_INTERPRET=1``).
 """
 import importlib
 
-KERNEL_MODULES = ("fetch_on_demand", "implicit_gemm", "gather_scatter", "kmap")
+KERNEL_MODULES = ("fetch_on_demand", "implicit_gemm", "gather_scatter", "kmap", "epilogue")
 
 
 def load(name: str):
