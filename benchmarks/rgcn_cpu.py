@@ -11,6 +11,8 @@ Contenders:
   and cached (as a model reuses it every epoch; its build time is reported beside);
 - pyg: torch_geometric.nn.RGCNConv (a masked edge list and a propagate per relation);
 - pyg_fast: torch_geometric.nn.FastRGCNConv (one weight matrix per edge: E x C x C floats);
+- ours[gather_scatter], ours[implicit_gemm]: ours with the other dataflows (time only), the
+  measurement behind the default (fetch_on_demand);
 - loop: plain torch over the edges sorted by relation once (the same preprocessing as ours):
   per relation gather x[src], mm with W_r, scale by 1/|N_r(i)|, index_add_ into the output.
 Timed round-robin (benchmarks/common.py interleaved_times), median of --repeats after --warmup.
@@ -49,11 +51,13 @@ from torchsparse_pp.graph.datasets import generate  # noqa: E402
 
 GRAPHS = ("AIFB", "MUTAG", "BGS")
 CONTENDERS = ("ours", "pyg", "pyg_fast", "loop")
+# Ours with the other dataflows, timed beside the default (the measurement behind it; no memory probe).
+OTHER_DATAFLOWS = ("gather_scatter", "implicit_gemm")
 MODES = ("forward", "train")
 QUICK_SCALE = 0.02
 SEED = 0
 # pyg_fast holds E x C x C float32 weights (and their gradient in training): skip above this.
-FAST_BYTES_LIMIT = 4 << 30
+FAST_BYTES_LIMIT = 2 << 30
 
 
 class PlainLoop(torch.nn.Module):
@@ -104,6 +108,10 @@ def make_layers(graph, channels: int, contenders: List[str]):
     for name in contenders:
         if name == "ours":
             layers[name] = lambda x, m=ours: m(x, ei, et)
+        elif name.startswith("ours["):
+            m = RGCNConv(channels, channels, graph.num_relations, dataflow=name[5:-1])
+            m.load_state_dict(ours.state_dict(), strict=True)
+            layers[name] = lambda x, m=m: m(x, ei, et)
         elif name in ("pyg", "pyg_fast"):
             m = (PygRGCNConv if name == "pyg" else FastRGCNConv)(channels, channels, graph.num_relations)
             m.load_state_dict(ours.state_dict(), strict=True)
@@ -174,23 +182,24 @@ def run_graph(name: str, args) -> Dict[str, object]:
     for channels in args.channel_list:
         skip = skipped_contenders(name, graph, channels)
         contenders = [c for c in CONTENDERS if c not in skip]
-        layers, _ = make_layers(graph, channels, contenders)
+        variants = [f"ours[{d}]" for d in OTHER_DATAFLOWS]
+        layers, _ = make_layers(graph, channels, contenders + variants)
         x_eval = features(graph, channels, False)
         with torch.no_grad():
             reference = layers["ours"](x_eval)
             errors = {c: float((layers[c](x_eval) - reference).abs().max() / reference.abs().max())
-                      for c in contenders if c != "ours"}
+                      for c in contenders + variants if c != "ours"}
         bad = {c: e for c, e in errors.items() if not e < 1e-4}
         if bad:
             raise RuntimeError(f"{name} C={channels}: outputs differ from ours: {bad}")
         entry = {"skipped": skip, "max_rel_error_vs_ours": errors, "timings": {}, "memory": {}}
         for mode in MODES:
             x = features(graph, channels, mode == "train")
-            tasks = {c: (lambda layer=layers[c]: step(layer, x, mode), None) for c in contenders}
+            tasks = {c: (lambda layer=layers[c]: step(layer, x, mode), None) for c in contenders + variants}
             entry["timings"][mode] = interleaved_times(tasks, args.repeats, args.warmup)
             entry["memory"][mode] = {c: measured_memory(name, channels, mode, c, args.quick, args.threads)
                                      for c in contenders}
-            times = {c: entry["timings"][mode][c]["median_s"] for c in contenders}
+            times = {c: v["median_s"] for c, v in entry["timings"][mode].items()}
             print(f"{name} C={channels} {mode}: " + ", ".join(f"{c} {t * 1e3:.1f} ms" for c, t in times.items()),
                   flush=True)
         entry["ratios"] = ratios(entry)

@@ -19,7 +19,7 @@ FLOAT_DTYPES = (torch.float32, torch.float64)
 
 # Measured on AIFB- and MUTAG-like graphs at 16 and 64 channels, forward and training step
 # (benchmarks/rgcn_cpu.py; docs/graph.md has the numbers).
-DEFAULT_DATAFLOW = "gather_scatter"
+DEFAULT_DATAFLOW = "fetch_on_demand"
 
 DataflowLike = Union[str, ConfigLike, None]
 
