@@ -174,6 +174,11 @@ def test_pairs_are_grouped_by_relation_then_destination_then_source(gen):
     counts = torch.tensor(rmap.relation_counts)
     segments = torch.unique(edge_type * 30 + edge_index[1])
     assert torch.equal(counts, torch.bincount(segments // 30, minlength=5)) and counts[1] == 0
+    # The relation pairs are a valid weight-stationary view: each segment and node once per relation.
+    from torchsparse_pp.ops.validate import validate_pairs
+    p = rmap.pairs.pairs
+    validate_pairs(p.in_idx, p.out_idx, p.offsets, p.identity, rmap.num_segments, 30, sorted_by="dst",
+                   unique_src=True)
     scale = rmap.edge_scale(torch.float64)
     sizes = torch.bincount(rel * 30 + dst, minlength=150)[rel * 30 + dst]
     torch.testing.assert_close(scale, 1.0 / sizes.double())

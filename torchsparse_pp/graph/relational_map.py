@@ -22,7 +22,8 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..kmap.geometry import ConvGeometry
-from ..kmap.kernel_map import OUT_IN_ROW_PADDING, KernelMap, PairsView
+from ..kmap.kernel_map import OUT_IN_ROW_PADDING, KernelMap, PairsView, validates_views
+from ..ops.validate import validate_pairs
 
 AGGREGATIONS = ("mean", "sum", "add")  # "add" is PyG's name for "sum"
 INT32_MAX = (1 << 31) - 1
@@ -105,7 +106,10 @@ class RelationPairsMap(KernelMap):
         identity = torch.zeros(num_relations, dtype=torch.bool, device=seg_dst.device)
         # Segments are numbered in (relation, destination) order: within one relation both sides
         # ascend, so these pairs are sorted by output and by input at once.
-        view = PairsView(segments, seg_dst.int(), offsets, identity, offsets.cpu(), identity.cpu())
+        dst = seg_dst.int()
+        if validates_views(dst.device):  # GPU kernels check nothing per call: check the pairs once here
+            validate_pairs(segments, dst, offsets, identity, num_segments, num_dst, sorted_by="dst", unique_src=True)
+        view = PairsView(segments, dst, offsets, identity, offsets.cpu(), identity.cpu())
         self._pairs["out"] = self._pairs["in"] = view
         self._seg_rel = seg_rel
 
