@@ -10,7 +10,7 @@ from torchsparse_pp.graph.entity_classification import train_entity_classifier
 from conftest import fresh_seed
 
 
-@pytest.mark.parametrize("name", ["AIFB", "MUTAG"])
+@pytest.mark.parametrize("name", ["AIFB", "MUTAG", "BGS", pytest.param("AM", marks=pytest.mark.slow)])
 def test_generated_graph_has_the_benchmark_statistics(name):
     nodes, relations, edges, classes, labelled = STATISTICS[name]
     g = generate(name, seed=fresh_seed() % 1000)
