@@ -76,9 +76,9 @@ def test_malformed_graph_files_are_named(tmp_path):
 
 
 def test_entity_classifier_learns_a_small_aifb_like_graph():
-    """On the AIFB-like graph at 10 % scale (828 nodes, 90 relations), 30 epochs: train accuracy
-    1.0 and test accuracy >= 0.7 (4 classes; chance 0.25). The full-size graph reaches 1.0 / 1.0
-    in 50 epochs (docs/graph.md)."""
-    g = generate("AIFB", seed=fresh_seed() % 1000, scale=0.1)
+    """On the AIFB-like graph at 25 % scale (2,071 nodes, 90 relations, 21 test entities), 30
+    epochs: train accuracy 1.0 and test accuracy >= 0.75 (4 classes; chance 0.25; 0.86-1.0 over
+    8 generated graphs). The full-size graph reaches 1.0 / 1.0 in 50 epochs (docs/graph.md)."""
+    g = generate("AIFB", seed=fresh_seed() % 1000, scale=0.25)
     result = train_entity_classifier(g, epochs=30, seed=0)
-    assert result["train_accuracy"] == 1.0 and result["test_accuracy"] >= 0.7, result
+    assert result["train_accuracy"] == 1.0 and result["test_accuracy"] >= 0.75, result
