@@ -293,3 +293,14 @@ def test_deterministic_mode_matches_the_dense_formula(gen, config):
     dx0, dw0 = torch.autograd.grad(expected, (x, w), torch.ones_like(expected))
     for a, b in ((out, expected), (dx, dx0), (dw, dw0)):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("config", ["gather_scatter", "fetch_on_demand", "implicit_gemm"])
+def test_a_graph_without_edges_leaves_the_root_term(gen, config):
+    layer = RGCNConv(3, 2, 4, dataflow=config).double()
+    torch.nn.init.normal_(layer.bias, generator=gen)
+    x = torch.randn(5, 3, dtype=torch.float64, generator=gen, requires_grad=True)
+    out = layer(x, torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+    torch.testing.assert_close(out, x @ layer.root + layer.bias)
+    dw, = torch.autograd.grad(out.sum(), [layer.weight])
+    assert dw.abs().max() == 0
