@@ -23,7 +23,8 @@ max error < 1e-4).
 Peak memory: each contender runs in a subprocess of its own; after its inputs and layer are made
 and one warm-up call, the kernel's peak-RSS counter is reset (/proc/self/clear_refs) and the
 reported figure is VmHWM minus the RSS before two measured calls (steady state, as in training
-epochs). Ours' relational map is built before, and its build's own peak increase is reported
+epochs). The probes run with glibc's mmap threshold fixed at 64 KiB (PROBE_MALLOC), so freed
+buffers leave the process and the RSS follows the live tensors. Ours' relational map is built before, and its build's own peak increase is reported
 beside (map_build_peak_increase_mib). Contenders that
 would not fit or finish in time are skipped and listed (BGS: pyg ~90 s per forward; pyg_fast
 needs E x C x C floats).
@@ -58,6 +59,10 @@ OTHER_DATAFLOWS = ("gather_scatter", "implicit_gemm")
 MODES = ("forward", "train")
 QUICK_SCALE = 0.02
 SEED = 0
+# The probes' glibc malloc maps every buffer over 64 KiB on its own and unmaps it when freed (a fixed
+# mmap threshold; no retained heap, and torchsparse_pp leaves malloc as the environment sets it), so
+# the RSS follows the live tensors of each contender rather than what an allocator kept.
+PROBE_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 # pyg_fast holds E x C x C float32 weights (and their gradient in training): skip above this.
 FAST_BYTES_LIMIT = 2 << 30
 
@@ -194,7 +199,7 @@ def memory_probe(name: str, channels: int, mode: str, contender: str, quick: boo
 def measured_memory(name, channels, mode, contender, quick, threads) -> Dict[str, float]:
     cmd = [sys.executable, os.path.abspath(__file__), "--memory-probe", f"{name},{channels},{mode},{contender}",
            "--threads", str(threads)] + (["--quick"] if quick else [])
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env={**os.environ, **PROBE_MALLOC})
     if done.returncode != 0:
         raise RuntimeError(f"memory probe {cmd} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -166,10 +166,15 @@ class RGCNConv(nn.Module):
                 raise ValueError(f"x has {x_src.shape[0]} nodes but the map has {rmap.num_src} source nodes")
             out = relational_lookup(weight, rmap, None if x is None or (isinstance(x, tuple) and x[0] is None)
                                     else x_src)
+        # In place: the relation sum is a fresh tensor its backward does not read, and a graph's
+        # [nodes, C] temporaries are a layer's largest buffers after it.
         if self.root is not None:
-            out = out + (x_dst @ self.root if x_dst.is_floating_point() else self.root[x_dst])
+            if x_dst.is_floating_point():
+                out = out.addmm_(x_dst, self.root)
+            else:
+                out = out.add_(self.root[x_dst])
         if self.bias is not None:
-            out = out + self.bias
+            out = out.add_(self.bias)
         return out
 
     def extra_repr(self) -> str:
