@@ -304,3 +304,13 @@ def test_a_graph_without_edges_leaves_the_root_term(gen, config):
     torch.testing.assert_close(out, x @ layer.root + layer.bias)
     dw, = torch.autograd.grad(out.sum(), [layer.weight])
     assert dw.abs().max() == 0
+
+
+def test_edges_made_in_inference_mode_work_uncached(gen):
+    edge_index, edge_type = random_graph(gen, 20, 3, 60)
+    layer = RGCNConv(4, 4, 3).double()
+    x = torch.randn(20, 4, dtype=torch.float64, generator=gen)
+    expected = layer(x, edge_index, edge_type).detach()
+    with torch.inference_mode():
+        ei, et = edge_index.clone(), edge_type.clone()
+        torch.testing.assert_close(layer(x, ei, et), expected)

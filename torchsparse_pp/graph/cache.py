@@ -22,6 +22,8 @@ def cached_relational_map(edge_index: torch.Tensor, edge_type: torch.Tensor, num
     """relational_map(...) of these tensors, built once while they live unchanged."""
     if not isinstance(edge_index, torch.Tensor) or not isinstance(edge_type, torch.Tensor):
         return relational_map(edge_index, edge_type, num_relations, num_nodes, num_dst, aggr)  # raises
+    if edge_index.is_inference() or edge_type.is_inference():  # no version counter to key on: not cached
+        return relational_map(edge_index, edge_type, num_relations, num_nodes, num_dst, aggr)
     key = (id(edge_index), id(edge_type), edge_index._version, edge_type._version, num_relations, num_nodes,
            num_dst, aggr)
     entry = _entries.get(key)
