@@ -35,6 +35,8 @@ if [ "$TORCH_SPEC" != "skip" ]; then
   pip_install "$TORCH_SPEC"
 fi
 "$PYTHON" -c "import torch; print('[setup] using torch', torch.__version__)"
+torch_version() { "$PYTHON" -c "import torch; print(torch.__version__)"; }
+TORCH_BEFORE=$(torch_version)
 
 echo "[setup] build tools"
 pip_install "setuptools>=77" wheel ninja numpy
@@ -44,4 +46,9 @@ target="."
 if [ -n "$EXTRAS" ]; then target=".[$EXTRAS]"; fi
 # No build isolation: the build must use the torch installed above, not download another one.
 pip_install --no-build-isolation -e "$target"
+# The test extra holds torch_geometric 2.8.1 (the R-GCN peer); it must not have replaced torch.
+if [ "$(torch_version)" != "$TORCH_BEFORE" ]; then
+  echo "[setup] error: installing the extras replaced torch $TORCH_BEFORE with $(torch_version)" >&2
+  exit 1
+fi
 "$PYTHON" -c "import torchsparse_pp; print('[setup] torchsparse_pp', torchsparse_pp.__version__, 'ready')"
