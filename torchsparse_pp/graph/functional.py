@@ -25,13 +25,14 @@ DEFAULT_DATAFLOW = "fetch_on_demand"
 DataflowLike = Union[str, ConfigLike, None]
 
 
-def graph_configs(dataflow: DataflowLike, device_type: str):
-    """(PassConfigs, text) for a dataflow name, a ConvConfig / PassConfigs, or None (the default)."""
+def graph_configs(dataflow: DataflowLike, device):
+    """(PassConfigs, text) for a dataflow name, a ConvConfig / PassConfigs, or None (the default),
+    on tensors on ``device``."""
     if dataflow is None:
         dataflow = DEFAULT_DATAFLOW
     if isinstance(dataflow, str):
         dataflow = ConvConfig(dataflow)
-    return resolve_for_call(dataflow, device_type)
+    return resolve_for_call(dataflow, torch.device(device))
 
 
 def _check_weight(weight: torch.Tensor, rmap: RelationalMap, channels: Optional[int], name: str = "weight"):
@@ -65,7 +66,7 @@ def relational_conv(x: torch.Tensor, weight: torch.Tensor, rmap: RelationalMap,
     if weight.device != x.device or rmap.edge_src.device != x.device:
         raise ValueError(f"x ({x.device}), weight ({weight.device}) and the map ({rmap.edge_src.device}) must "
                          "share one device")
-    configs, text = graph_configs(dataflow, x.device.type)
+    configs, text = graph_configs(dataflow, x.device)
     segments = sparse_row_sums(x, *rmap.matrices(x.dtype))
     return sparse_conv(segments, weight.contiguous(), OrientedMap(rmap.pairs, False), configs, text,
                        backends.deterministic, backends.allow_tf32)

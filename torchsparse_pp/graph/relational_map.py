@@ -107,9 +107,11 @@ class RelationPairsMap(KernelMap):
         # Segments are numbered in (relation, destination) order: within one relation both sides
         # ascend, so these pairs are sorted by output and by input at once.
         dst = seg_dst.int()
-        if validates_views(dst.device):  # GPU kernels check nothing per call: check the pairs once here
-            validate_pairs(segments, dst, offsets, identity, num_segments, num_dst, sorted_by="dst", unique_src=True)
-        view = PairsView(segments, dst, offsets, identity, offsets.cpu(), identity.cpu())
+        host = None
+        if validates_views(dst.device, self.backend):  # GPU kernels check nothing per call: check the pairs once
+            host = validate_pairs(segments, dst, offsets, identity, num_segments, num_dst, sorted_by="dst",
+                                  unique_src=True)
+        view = PairsView(segments, dst, offsets, identity, host)
         self._pairs["out"] = self._pairs["in"] = view
         self._seg_rel = seg_rel
 
