@@ -1,13 +1,13 @@
 """What the CUDA path costs a GPU, counted on the CPU: device ops (non-view ATen ops + Triton
-launches) and host syncs per forward, training step and cached conv, today's defaults beside the
+launches; uninitialised allocations apart) and host syncs per forward, training step and cached conv, today's defaults beside the
 former ones (torch-ops kernel maps + gather_scatter) and the budget tests/test_gpu_budget.py
 enforces. JSON + PNG.
 
 Everything runs under torchsparse_pp.backends.device_policy("cuda") (CPU tensors take every
 decision CUDA tensors take) with the Triton kernels interpreted (TRITON_INTERPRET=1, set here),
 counted by torchsparse_pp.utils.gpu_cost. The counts do not depend on the voxel count (no host
-loop runs over rows), so a crop of the generated 64-beam scan (--window metres around the
-sensor) keeps the interpreter's time short; the JSON records the voxel counts.
+loop runs over rows), so a crop of the generated 64-beam scan (a --window metres square around
+one of its voxels) keeps the interpreter's time short; the JSON records the voxel counts.
 
 Usage: python benchmarks/gpu_budget.py [--window M] [--quick] [--out DIR | --publish]
 """
@@ -55,7 +55,7 @@ class Former:
 
 def scan(window: float):
     coords, _ = lidar_batch(64, 0.05, [0])
-    centre = coords[:, 1:].float().median(0).values
+    centre = coords[len(coords) // 2, 1:].float()  # a voxel of the scan: its window holds points
     keep = ((coords[:, 1:3].float() - centre[:2]).abs() * 0.05 < window / 2).all(1)
     coords = coords[keep]
     gen = torch.Generator().manual_seed(0)
@@ -66,7 +66,7 @@ def count(fn):
     with backends.device_policy("cuda"), count_gpu_cost() as cost:
         fn()
     return {"device_ops": cost.device_ops, "triton_launches": cost.launches, "host_syncs": cost.host_syncs,
-            "syncs": dict(cost.syncs)}
+            "allocations": cost.allocations, "syncs": dict(cost.syncs)}
 
 
 def model_rows(coords, feats):

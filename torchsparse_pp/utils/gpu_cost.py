@@ -10,7 +10,9 @@ CUDA path's decisions, so counting its ops on the CPU counts what the GPU would 
     print(cost.device_ops, cost.host_syncs, cost.syncs)
 
 - ``device_ops``: ATen ops that are not views (what the dispatcher runs: each is at least one
-  launch on a GPU) plus Triton launches;
+  launch on a GPU) plus Triton launches; ops inside the library's Triton custom ops count too;
+- ``allocations``: ``empty`` and its kin, apart: they launch nothing (the caching allocator
+  hands out memory on the host);
 - ``launches``: the Triton launches alone (``kernel[grid](...)``); what a kernel does inside
   (under the interpreter: numpy) is not counted;
 - ``host_syncs``: ``.item()`` and every scalar read (``int(t)``, ``bool(t)``), ``.tolist()``,
@@ -27,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
+from torch._library.custom_ops import _maybe_get_opdef
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..host import is_host
@@ -42,11 +45,17 @@ _FREE = {aten.detach.default, aten.alias.default, aten.lift_fresh.default, aten.
          aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default,
          aten.is_same_size.default, aten.is_contiguous.default, aten.set_.source_Storage_storage_offset}
 
+# Uninitialised allocations: the caching allocator hands out memory on the host, nothing launches.
+_ALLOCATIONS = {aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
+                aten.new_empty_strided.default, aten.empty_like.default}
+
+
 @dataclass
 class GpuCost:
     device_ops: int = 0
     launches: int = 0
     host_syncs: int = 0
+    allocations: int = 0
     ops: Counter = field(default_factory=Counter)
     syncs: Counter = field(default_factory=Counter)
 
@@ -59,7 +68,8 @@ class GpuCost:
         self.syncs[name] += 1
 
     def __str__(self) -> str:
-        return (f"{self.device_ops} device ops ({self.launches} Triton launches), {self.host_syncs} host syncs"
+        return (f"{self.device_ops} device ops ({self.launches} Triton launches), {self.host_syncs} host syncs, "
+                f"{self.allocations} allocations"
                 + (f" ({dict(self.syncs)})" if self.syncs else ""))
 
 
@@ -68,8 +78,9 @@ def _bool_index(indices) -> bool:
 
 
 def _wrapper(func) -> bool:
-    """The library's Triton ops: Python around the launches, which are counted themselves."""
-    return func.namespace == "torchsparse_pp" and func.overloadpacket.__name__.startswith("triton_")
+    """The library's Triton ops: custom ops whose body is Python around kernel launches."""
+    return (func.namespace == "torchsparse_pp" and func.overloadpacket.__name__.startswith("triton_")
+            and _maybe_get_opdef(func.name()) is not None)
 
 
 class _Counting(TorchDispatchMode):
@@ -86,7 +97,13 @@ class _Counting(TorchDispatchMode):
             self.cost.sync(f"{name}[bool]")
         elif func is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
             self.cost.sync(name)
-        if not (func in _FREE or func.is_view or func is aten._local_scalar_dense.default or _wrapper(func)):
+        if _wrapper(func):
+            # Python around launches: run it with the mode on, so that the ops inside count.
+            with self:
+                return _maybe_get_opdef(func.name())._init_fn(*args, **kwargs)
+        if func in _ALLOCATIONS:
+            self.cost.allocations += 1
+        elif not (func in _FREE or func.is_view or func is aten._local_scalar_dense.default):
             self.cost.op(name)
         return func(*args, **kwargs)
 
