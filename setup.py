@@ -1,8 +1,9 @@
-"""Builds torchsparse_pp._C from csrc/: the CPU kernels always, CUDA kernels when possible.
+"""Builds torchsparse_pp._C from csrc/: the CPU kernels always, the native CUDA kernels when asked.
 
-CUDA sources (csrc/cuda: kernels in .cu files, their ATen wrappers in .cpp files) are compiled when
-torch was built with CUDA and nvcc is found, or when FORCE_CUDA=1; TSPP_CPU_ONLY=1 skips them (the
-Triton backend still runs on the GPU: it needs no compiled CUDA code). Architectures default to
+By default only the CPU extension is built (a minute or two), and GPUs run the Triton backend,
+which needs no compiled CUDA code. TSPP_BUILD_CUDA=1 (or FORCE_CUDA=1) also compiles the CUDA
+sources (csrc/cuda: kernels in .cu files, their ATen wrappers in .cpp files; tens of minutes) and
+fails clearly without a CUDA build of torch and nvcc. Architectures default to
 8.0, 8.6, 8.9 and 9.0; TORCH_CUDA_ARCH_LIST overrides them (e.g. "9.0" for a faster H100-only build).
 Metadata lives in pyproject.toml; this file only describes the extension.
 """
@@ -23,16 +24,16 @@ def _sources(pattern):
 
 
 def _build_cuda():
+    asked = os.environ.get("TSPP_BUILD_CUDA", "0") == "1" or os.environ.get("FORCE_CUDA", "0") == "1"
     if os.environ.get("TSPP_CPU_ONLY", "0") == "1":
-        if os.environ.get("FORCE_CUDA", "0") == "1":
-            raise RuntimeError("FORCE_CUDA=1 and TSPP_CPU_ONLY=1 contradict each other; set one")
+        if asked:
+            raise RuntimeError("TSPP_BUILD_CUDA=1 (or FORCE_CUDA=1) and TSPP_CPU_ONLY=1 contradict each other; "
+                               "set one")
         return False
-    if os.environ.get("FORCE_CUDA", "0") == "1":
-        if torch.version.cuda is None or CUDA_HOME is None:
-            raise RuntimeError(f"FORCE_CUDA=1 needs a CUDA build of torch (found {torch.__version__}) and nvcc "
-                               f"(CUDA_HOME: {CUDA_HOME})")
-        return True
-    return torch.version.cuda is not None and CUDA_HOME is not None
+    if asked and (torch.version.cuda is None or CUDA_HOME is None):
+        raise RuntimeError(f"TSPP_BUILD_CUDA=1 needs a CUDA build of torch (found {torch.__version__}) and nvcc "
+                           f"(CUDA_HOME: {CUDA_HOME})")
+    return asked
 
 
 def _extension():

@@ -35,7 +35,7 @@ POINTERS = {
 OUTPUTS = {
     "fod_forward_kernel": ("acc",), "fod_forward_owned_kernel": ("feats",), "fod_wgrad_kernel": ("acc",),
     "ig_forward_kernel": ("feats", "acc"), "ig_wgrad_kernel": ("acc",), "gather_rows_kernel": ("feats",),
-    "scatter_add_rows_kernel": ("acc",),
+    "scatter_add_rows_kernel": ("acc",), "ig_nonfinite_kernel": ("feats", "acc"),
 }
 PLAN = {"PLAN_ROWS": implicit_gemm.PLAN_TILE_ROWS}
 # fod_forward_kernel's OFFSETS_P2: 32 covers the 3x3x3 kernels (27 offsets) and every smaller one.
@@ -47,10 +47,15 @@ GEMM_KERNELS = ((fetch_on_demand.fod_forward_kernel, {"OFFSETS_P2": 32}), (fetch
                 (implicit_gemm.ig_wgrad_kernel, {"SORTED": True, **PLAN}))
 ROW_KERNELS = (gather_scatter.gather_rows_kernel, gather_scatter.scatter_add_rows_kernel)
 # Kernels with one fixed launch shape: the implicit GEMM's flags of non-finite weight offsets
-# (implicit_gemm.nonfinite_offsets).
+# (implicit_gemm.nonfinite_offsets) and the launch that adds those offsets.
+_NONFINITE_FIX = {**PLAN, "BLOCK_M": implicit_gemm.NONFINITE_BLOCK_M, "BLOCK_N": implicit_gemm.NONFINITE_BLOCK_N,
+                  "SUBTILES": implicit_gemm.NONFINITE_SUBTILES}
 FIXED_KERNELS = (
     (common.nonfinite_rows_kernel, {"BLOCK": implicit_gemm.FLAG_BLOCK}, 4, 1),
+    (implicit_gemm.ig_nonfinite_kernel, {"SORTED": False, **_NONFINITE_FIX}, 4, 1),
+    (implicit_gemm.ig_nonfinite_kernel, {"SORTED": True, **_NONFINITE_FIX}, 4, 1),
 )
+
 
 
 # The kernel-map kernels: pointer types by name (every other argument a 32-bit integer) and

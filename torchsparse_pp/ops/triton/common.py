@@ -2,10 +2,10 @@
 
 Row indices below 0 mean "no row": the gathered operand row is zero. A zero row times a weight
 holding Inf or NaN would be NaN, so a missing neighbour must not meet such a weight in a dot:
-the implicit GEMM adds offsets whose weight is not finite (``nonfinite_rows_kernel`` flags
-them on the device) through ``gathered_outer`` instead of tl.dot, in the same launch (rank-1
-updates masked per row; masking the dot's accumulator per row would cost a second
-accumulator's registers, which spills at the large tiles). The weight gradient
+the implicit GEMM leaves offsets whose weight is not finite (``nonfinite_rows_kernel`` flags
+them on the device) out of its tl.dot loop and adds them in a separate launch through
+``gathered_outer`` (rank-1 updates masked per row; masking the dot's accumulator per row would
+cost a second accumulator's registers, which spills at the large tiles). The weight gradient
 masks both operands per pair, so it never forms such a product. Row offsets are formed in int64,
 so tensors past 2^31 elements are addressed correctly.
 

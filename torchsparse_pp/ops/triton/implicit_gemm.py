@@ -9,10 +9,12 @@ neighbours masked), tl.dot with W[k], accumulate in float32. One split writes th
 directly; several write float32 partial buffers that are summed in split order.
 
 A missing neighbour's zero row times a weight holding Inf or NaN would be NaN, where the gather
-dataflows add nothing. So the offsets whose weight is not finite are flagged (one small kernel on
-the device, no host read, run once per weight version: the flags are cached beside the weight),
-and the forward kernel adds a flagged offset by rank-1 updates masked per row instead of tl.dot,
-in the same launch. With finite weights (the common case) that branch is never taken.
+dataflows add nothing. So each call flags the offsets whose weight is not finite (one small
+kernel on the device, no host read, run once per weight version: the flags are cached beside the
+weight); the forward kernel skips them, and ig_nonfinite_kernel then adds them to the rows that
+have those neighbours, by rank-1 updates masked per row. With finite weights (the common case)
+its programs read the flags and return. (Folding those updates into the forward kernel spills
+registers at several tiles and targets; two launches keep every tile spill-free.)
 
 wgrad: a program owns one offset, a (C_in, C_out) tile and a chunk of row slots; it walks the
 chunk BLOCK_K slots at a time, skipping plan tiles whose mask lacks the offset, and sums
@@ -33,6 +35,11 @@ runtime.mark_defined()
 # The plan the Triton kernels read (the native CUDA path's): 64-row plan tiles, one global sort.
 PLAN_TILE_ROWS = 64
 PLAN_SORT_WINDOW = 0
+# ig_nonfinite_kernel's program: SUBTILES tiles of BLOCK_M rows by BLOCK_N channels (few programs:
+# with finite weights each only reads the flags).
+NONFINITE_BLOCK_M = 32
+NONFINITE_BLOCK_N = 32
+NONFINITE_SUBTILES = 8
 FLAG_BLOCK = 1024
 # weight -> (version, data pointer, flags): a weight's flags are computed once per version.
 _flags_of = WeakIdKeyDictionary()
@@ -90,16 +97,61 @@ def ig_forward_kernel(feats_ptr, w_ptr, out_ptr, table_ptr, order_ptr, masks_ptr
     k_begin = tl.load(bounds_ptr + split).to(tl.int32)
     k_end = tl.load(bounds_ptr + split + 1).to(tl.int32)
     for k in range(k_begin, k_end):
-        if _tile_has(split_masks, first_tile, num_tiles, num_words, k - k_begin, TILES_PER_PROGRAM):
-            src = tl.load(table_rows + k, mask=rows >= 0, other=-1)
-            if tl.load(nonfinite_ptr + k) == 0:
+        # Offsets whose weight is not finite are left to ig_nonfinite_kernel.
+        if tl.load(nonfinite_ptr + k) == 0:
+            if _tile_has(split_masks, first_tile, num_tiles, num_words, k - k_begin, TILES_PER_PROGRAM):
+                src = tl.load(table_rows + k, mask=rows >= 0, other=-1)
                 acc = gathered_dot(acc, feats_ptr, src, stride_f, c_src, w_ptr + k * c_src * c_dst, cols,
                                    c_dst, BLOCK_K, PRECISION, UPCAST)
-            else:  # a weight holding Inf / NaN: only rows that have this neighbour may meet it
-                acc = gathered_outer(acc, feats_ptr, src, stride_f, c_src, w_ptr + k * c_src * c_dst, cols, c_dst)
     out_rows = out_ptr + split.to(tl.int64) * split_stride + rows.to(tl.int64) * stride_o
     tl.store(out_rows[:, None] + cols[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=(rows >= 0)[:, None] & (cols < c_dst)[None, :])
+
+
+@triton.jit(do_not_specialize=["num_dst", "num_tiles", "order_stride", "split_stride"])
+def ig_nonfinite_kernel(feats_ptr, w_ptr, out_ptr, table_ptr, order_ptr, masks_ptr, bounds_ptr, nonfinite_ptr,
+                        num_dst, num_offsets, num_tiles, num_words, order_stride, split_stride,
+                        c_src, c_dst, stride_f, stride_o,
+                        SORTED: tl.constexpr, PLAN_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        SUBTILES: tl.constexpr):
+    """Adds the offsets whose weight is not finite (flagged in nonfinite_ptr, skipped by the
+    forward kernel) to out, for the rows that have those neighbours only. A program owns
+    SUBTILES x BLOCK_M row slots of one split and BLOCK_N channels; it returns at once when the
+    split has no flagged offset."""
+    split = tl.program_id(2)
+    k_begin = tl.load(bounds_ptr + split).to(tl.int32)
+    k_end = tl.load(bounds_ptr + split + 1).to(tl.int32)
+    flagged = tl.full((), 0, tl.int32)
+    for k in range(k_begin, k_end):
+        flagged += tl.load(nonfinite_ptr + k)
+    if flagged != 0:
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc_type: tl.constexpr = tl.float64 if feats_ptr.dtype.element_ty == tl.float64 else tl.float32
+        split_masks = masks_ptr + split * num_tiles * num_words
+        TILES_PER_SUBTILE: tl.constexpr = (BLOCK_M + PLAN_ROWS - 1) // PLAN_ROWS
+        for sub in range(0, SUBTILES):
+            slot0 = (tl.program_id(0) * SUBTILES + sub) * BLOCK_M
+            slots = slot0 + tl.arange(0, BLOCK_M)
+            if SORTED:
+                rows = tl.load(order_ptr + split.to(tl.int64) * order_stride + slots, mask=slots < num_dst, other=-1)
+            else:
+                rows = tl.where(slots < num_dst, slots, -1)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=acc_type)
+            touched = tl.full((), 0, tl.int32)
+            for k in range(k_begin, k_end):
+                if tl.load(nonfinite_ptr + k) != 0:
+                    if _tile_has(split_masks, slot0 // PLAN_ROWS, num_tiles, num_words, k - k_begin,
+                                 TILES_PER_SUBTILE):
+                        src = tl.load(table_ptr + rows.to(tl.int64) * num_offsets + k, mask=rows >= 0, other=-1)
+                        acc = gathered_outer(acc, feats_ptr, src, stride_f, c_src, w_ptr + k * c_src * c_dst,
+                                             cols, c_dst)
+                        touched = tl.full((), 1, tl.int32)
+            if touched != 0:
+                out_tile = (out_ptr + split.to(tl.int64) * split_stride + rows.to(tl.int64)[:, None] * stride_o
+                            + cols[None, :])
+                mask = (rows >= 0)[:, None] & (cols < c_dst)[None, :]
+                total = tl.load(out_tile, mask=mask, other=0.0).to(acc_type) + acc
+                tl.store(out_tile, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["num_rows", "num_tiles", "order_stride", "chunks", "slots_per_chunk"])
@@ -176,6 +228,14 @@ def forward(feats, weight, table, num_dst, transpose_weight, bounds, order, tile
                                 volume, tile_masks.shape[1], tile_masks.shape[2], order.shape[1] if is_sorted else 0,
                                 num_dst * c_dst, c_src, c_dst, feats.stride(0), c_dst,
                                 **_launch_options(t, feats, allow_tf32, is_sorted, tile_rows))
+        fix_grid = (triton.cdiv(num_dst, NONFINITE_BLOCK_M * NONFINITE_SUBTILES), triton.cdiv(c_dst, NONFINITE_BLOCK_N),
+                    splits)
+        ig_nonfinite_kernel[fix_grid](feats, w, out, table, order if is_sorted else table, tile_masks, bounds,
+                                      nonfinite, num_dst, volume, tile_masks.shape[1], tile_masks.shape[2],
+                                      order.shape[1] if is_sorted else 0, num_dst * c_dst, c_src, c_dst,
+                                      feats.stride(0), c_dst, SORTED=is_sorted, PLAN_ROWS=tile_rows,
+                                      BLOCK_M=NONFINITE_BLOCK_M, BLOCK_N=NONFINITE_BLOCK_N,
+                                      SUBTILES=NONFINITE_SUBTILES, num_warps=4, num_stages=1)
     elif splits > 1:
         out.zero_()
     return out if splits == 1 else out.sum(0).to(feats.dtype)
