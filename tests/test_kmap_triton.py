@@ -25,6 +25,8 @@ import torchsparse_pp as tsp
 from torchsparse_pp import backends, ops
 from torchsparse_pp.kmap import ConvGeometry, KernelMapCache, kmap_backend_for, kmap_ops, strided_map
 from torchsparse_pp.kmap import generative_map, submanifold_map
+from torchsparse_pp.kmap.kernel_map import PairsView
+from torchsparse_pp.utils.gpu_cost import count_gpu_cost
 from torchsparse_pp.models import MinkUNet
 from torchsparse_pp.ops import kmap_torch
 from torchsparse_pp.ops.triton import runtime
@@ -190,6 +192,24 @@ def test_views_of_random_tables(K, generator):
     square = random_table(generator, 200, K, 200, 0.4)
     square[:, K // 2] = torch.arange(200, dtype=torch.int32)
     assert bool(check("kmap_pairs", square, 200, 200, what="square")[3][K // 2])
+
+
+@pytest.mark.parametrize("K", [1, 27])
+def test_bounded_pairs_hold_the_exact_pairs_first(K, generator):
+    """The GPU path's pair lists (room for every cell, no host read): their first offsets[K]
+    entries are the compiled op's pairs, offsets and identity equal; PairsView.exact() trims."""
+    num_out, num_in = 200 + int(torch.randint(0, 50, (1,), generator=generator)), 260
+    table = random_table(generator, num_out, K, num_in, 0.5)
+    native = ops.kmap_pairs(table, num_in, num_out)
+    with count_gpu_cost() as cost:
+        bounded = triton_ops.kmap_pairs_bounded(table, num_in, num_out)
+    assert cost.host_syncs == 0, cost
+    total = int(native[2][-1])
+    assert bounded[0].numel() == K * num_out >= total
+    assert torch.equal(bounded[0][:total], native[0]) and torch.equal(bounded[1][:total], native[1])
+    assert torch.equal(bounded[2], native[2]) and torch.equal(bounded[3], native[3])
+    view = PairsView(*bounded)
+    assert all(torch.equal(a, b) for a, b in zip(view.exact(), native[:2]))
 
 
 def test_kernel_maps_reuse_their_views_transposed(generator, seed, monkeypatch):

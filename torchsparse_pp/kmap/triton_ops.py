@@ -210,6 +210,19 @@ def kmap_pairs(out_in: torch.Tensor, num_in: int, num_out: int
                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Weight-stationary view ``(in_idx, out_idx, offsets, identity)`` as torch_ops.kmap_pairs;
     one host read (the pair count, with the range flag)."""
+    return _pairs(out_in, num_in, num_out, bounded=False)
+
+
+def kmap_pairs_bounded(out_in: torch.Tensor, num_in: int, num_out: int
+                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kmap_pairs with no host read, for tables the library built: ``in_idx`` / ``out_idx`` have
+    room for every (row, offset) cell, ``K * num_out``, and hold the pairs in their first
+    ``offsets[K]`` entries (the rest is never read: the GPU dataflows read the counts from
+    ``offsets`` on the device). Entries are not range-checked."""
+    return _pairs(out_in, num_in, num_out, bounded=True)
+
+
+def _pairs(out_in: torch.Tensor, num_in: int, num_out: int, bounded: bool):
     _check(out_in.dtype == torch.int32 and out_in.dim() == 2,
            f"out_in must be an int32 [rows, K] map, got {_dtype_name(out_in.dtype)} {list(out_in.shape)}")
     _check(num_in >= 0 and num_out >= 0, f"num_in and num_out must be >= 0, got {num_in} and {num_out}")
@@ -232,41 +245,16 @@ def kmap_pairs(out_in: torch.Tensor, num_in: int, num_out: int
     kernels.pair_count_kernel[grid](table, counts, own, own[K:], num_out, num_in, blocks, K,
                                     IDENTITY=check_identity, BLOCK_R=block_r, BLOCK_K=block_k)
     ends = torch.cumsum(counts, 0)
-    total, outside = torch.cat([ends[-1:], own[K:]]).tolist()
-    _check(not outside, f"out_in holds input rows >= num_in ({num_in})")
-    if _memory_checked(K * num_out * PAIR_BYTES):
-        _check_memory(total * PAIR_BYTES, f"the kernel map's pair lists ({total} (input, output) pairs over {K} "
-                      "kernel offsets, int32)", device)
-    in_idx = torch.empty(total, dtype=torch.int32, device=device)
-    out_idx = torch.empty(total, dtype=torch.int32, device=device)
-    offsets = torch.empty(K + 1, dtype=torch.int64, device=device)
-    kernels.pair_write_kernel[grid](table, ends, in_idx, out_idx, offsets, num_out, blocks, K, BLOCK_R=block_r,
-                                    BLOCK_K=block_k)
-    identity = own[:K] == num_out if check_identity else torch.zeros(K, dtype=torch.bool, device=device)
-    return in_idx, out_idx, offsets, identity
-
-
-def kmap_pairs_bounded(out_in: torch.Tensor, num_in: int, num_out: int
-                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """kmap_pairs with no host read, for tables the library built: ``in_idx`` / ``out_idx`` have
-    room for every (row, offset) cell, ``K * num_out``, and hold the pairs in their first
-    ``offsets[K]`` entries (the rest is never read: the GPU dataflows read the counts from
-    ``offsets`` on the device). Entries are not range-checked."""
-    K, device = out_in.shape[1], out_in.device
-    if num_out == 0 or K == 0:
-        return kmap_pairs(out_in, num_in, num_out)
-    table = out_in.contiguous()
-    kernels = _kernels(device)
-    block_r, block_k = tile(K)
-    blocks, grid = _cdiv(num_out, block_r), (_cdiv(num_out, block_r), _cdiv(K, block_k))
-    counts = torch.empty(K * blocks, dtype=torch.int64, device=device)
-    own = torch.zeros(K + 1, dtype=torch.int64, device=device)
-    check_identity = num_in == num_out
-    kernels.pair_count_kernel[grid](table, counts, own, own[K:], num_out, num_in, blocks, K,
-                                    IDENTITY=check_identity, BLOCK_R=block_r, BLOCK_K=block_k)
-    ends = torch.cumsum(counts, 0)
-    in_idx = torch.empty(K * num_out, dtype=torch.int32, device=device)
-    out_idx = torch.empty(K * num_out, dtype=torch.int32, device=device)
+    if bounded:
+        length = K * num_out
+    else:
+        length, outside = torch.cat([ends[-1:], own[K:]]).tolist()
+        _check(not outside, f"out_in holds input rows >= num_in ({num_in})")
+        if _memory_checked(K * num_out * PAIR_BYTES):
+            _check_memory(length * PAIR_BYTES, f"the kernel map's pair lists ({length} (input, output) pairs over "
+                          f"{K} kernel offsets, int32)", device)
+    in_idx = torch.empty(length, dtype=torch.int32, device=device)
+    out_idx = torch.empty(length, dtype=torch.int32, device=device)
     offsets = torch.empty(K + 1, dtype=torch.int64, device=device)
     kernels.pair_write_kernel[grid](table, ends, in_idx, out_idx, offsets, num_out, blocks, K, BLOCK_R=block_r,
                                     BLOCK_K=block_k)
