@@ -95,13 +95,14 @@ def conv_rows(coords, stride: int, channels: int = 64):
     def warm():
         with backends.device_policy("cuda"):
             holder["out"] = conv(x)  # builds and caches the map and its views
+            holder["grad"] = torch.ones_like(holder["out"].F)
 
     def forward():
         with torch.no_grad():
             conv(x)
 
     def backward():
-        holder["out"].F.backward(torch.ones_like(holder["out"].F))
+        holder["out"].F.backward(holder["grad"])
     name = f"conv C={channels} s{stride}, cached map"
     return warm, {f"{name}: forward": forward, f"{name}: dgrad + wgrad": backward}
 

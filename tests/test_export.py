@@ -109,7 +109,7 @@ def test_docs_compile_examples_run(tmp_path, monkeypatch):
     "aot_eager" (same capture, fullgraph included, without inductor's C++ build time; inductor
     is covered by tests/test_compile.py)."""
     with open(DOCS) as f:
-        blocks = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+        blocks = re.findall(r"```python(?: long| continued)?\n(.*?)```", f.read(), flags=re.S)
     assert len(blocks) >= 5, "docs/compile.md lost its examples"
     compile_ = torch.compile
 

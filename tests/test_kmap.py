@@ -129,7 +129,9 @@ def test_maps_independent_of_thread_count(generator):
         for threads in (1, 2):
             torch.set_num_threads(threads)
             kmap = strided_map(KernelMapCache(), coords, geometry, "spconv", None)
-            results.append((kmap.out_coords, kmap.out_in, *kmap.pairs.__dict__.values()))
+            p = kmap.pairs
+            results.append((kmap.out_coords, kmap.out_in, p.in_idx, p.out_idx, p.offsets, p.identity,
+                            p.host_offsets, p.host_identity))
     finally:
         torch.set_num_threads(previous)
     for a, b in zip(*results):

@@ -47,6 +47,7 @@ class PairsView:
     offsets: torch.Tensor
     identity: torch.Tensor
     host: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+    bounded: bool = False  # lists sized for every cell (kmap_pairs_bounded), the pairs first
 
     def _host(self) -> Tuple[torch.Tensor, torch.Tensor]:
         if self.host is None:
@@ -70,9 +71,9 @@ class PairsView:
     def exact(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(in_idx, out_idx)`` holding the pairs only (for readers of whole lists: pooling); for
         bounded lists this reads their length to the host once."""
-        total = int(self.host_offsets[-1])
-        if self.in_idx.numel() == total:
+        if not self.bounded:
             return self.in_idx, self.out_idx
+        total = int(self.host_offsets[-1])
         return self.in_idx[:total], self.out_idx[:total]
 
     @property
@@ -193,7 +194,7 @@ class KernelMap:
                 # One pass on the device; its single read to the host also brings the counts.
                 host = validate_pairs(ins, outs, offsets, identity, self.num_in, self.num_out,
                                       sorted_by="dst" if side == "out" else "src", unique_src=True)
-            self._pairs[side] = PairsView(ins, outs, offsets, identity, host)
+            self._pairs[side] = PairsView(ins, outs, offsets, identity, host, self._uses_bounded(ins.device))
         return self._pairs[side]
 
     def _out_sorted_by_in(self) -> bool:
@@ -251,15 +252,19 @@ class KernelMap:
                             self._ops.kmap_transpose(self.out_in, self.num_out, self.num_in, OUT_IN_ROW_PADDING))
         return self._in_out
 
+    def _uses_bounded(self, device) -> bool:
+        """Whether this map's pair lists come from kmap_pairs_bounded (every view of one map takes
+        the same branch, the mirrored and reused ones included)."""
+        return (getattr(self._ops, "kmap_pairs_bounded", None) is not None
+                and backends.decision_device_type(device) != "cpu" and not backends.validate_plans
+                and not validates_views(device, self.backend) and not torch.compiler.is_compiling())
+
     def _pairs_of(self, table: torch.Tensor, num_in: int, num_out: int):
         """kmap_pairs of one table; on the GPU path, from a builder that offers it, the bounded
         form (lists with room for every cell, counts on the device: no host read), unless
         validation (which checks exact lengths) is asked for."""
-        bounded = getattr(self._ops, "kmap_pairs_bounded", None)
-        if (bounded is not None and backends.decision_device_type(table.device) != "cpu"
-                and not backends.validate_plans and not validates_views(table.device, self.backend)
-                and not torch.compiler.is_compiling()):
-            return bounded(table, num_in, num_out)
+        if self._uses_bounded(table.device):
+            return self._ops.kmap_pairs_bounded(table, num_in, num_out)
         return self._ops.kmap_pairs(table, num_in, num_out)
 
     def _rows_and_sources(self, side: str) -> Tuple[int, int]:

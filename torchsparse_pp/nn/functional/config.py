@@ -318,6 +318,7 @@ def resolve_for_call(config: Optional[ConfigLike], device: torch.device, layer: 
                      ) -> Tuple[PassConfigs, str]:
     """resolve_configs and the configs' text (memoised), for one conv call on tensors on
     ``device`` (deciding as backends.decision_device_type says) of a ``layer_kind`` layer."""
+    device = torch.device(device)
     run_type = device.type
     device_type = backends.decision_device_type(device)
     configs = get_default_config(device_type, layer) if config is None else PassConfigs.of(config)
