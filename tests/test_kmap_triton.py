@@ -208,7 +208,7 @@ def test_bounded_pairs_hold_the_exact_pairs_first(K, generator):
     assert bounded[0].numel() == K * num_out >= total
     assert torch.equal(bounded[0][:total], native[0]) and torch.equal(bounded[1][:total], native[1])
     assert torch.equal(bounded[2], native[2]) and torch.equal(bounded[3], native[3])
-    view = PairsView(*bounded)
+    view = PairsView(*bounded, bounded=True)
     assert all(torch.equal(a, b) for a, b in zip(view.exact(), native[:2]))
 
 

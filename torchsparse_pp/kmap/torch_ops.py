@@ -471,16 +471,21 @@ def kmap_generative(coords: torch.Tensor, kernel_size: Sequence[int], stride: Se
 
 
 # --- views -------------------------------------------------------------------------------------------
-def kmap_pairs(out_in: torch.Tensor, num_in: int, num_out: int
-               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Weight-stationary view ``(in_idx, out_idx, offsets, identity)``: pairs ordered by offset,
-    then output row; ``identity[k]`` when offset k maps every row j to row j."""
+def _check_pairs_arguments(out_in: torch.Tensor, num_in: int, num_out: int) -> None:
+    """kmap_pairs' checks of its arguments (shape and dtype; no data read)."""
     _check(out_in.dtype == torch.int32 and out_in.dim() == 2,
            f"out_in must be an int32 [rows, K] map, got {_dtype_name(out_in.dtype)} {list(out_in.shape)}")
     _check(num_in >= 0 and num_out >= 0, f"num_in and num_out must be >= 0, got {num_in} and {num_out}")
     _check_rows(num_in, "num_in")
     _check_rows(num_out, "num_out")
     _check(num_out <= out_in.shape[0], f"num_out ({num_out}) exceeds the rows of out_in ({out_in.shape[0]})")
+
+
+def kmap_pairs(out_in: torch.Tensor, num_in: int, num_out: int
+               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weight-stationary view ``(in_idx, out_idx, offsets, identity)``: pairs ordered by offset,
+    then output row; ``identity[k]`` when offset k maps every row j to row j."""
+    _check_pairs_arguments(out_in, num_in, num_out)
     K, device = out_in.shape[1], out_in.device
     head = out_in[:num_out]
     if num_out > 0 and K > 0:

@@ -223,12 +223,7 @@ def kmap_pairs_bounded(out_in: torch.Tensor, num_in: int, num_out: int
 
 
 def _pairs(out_in: torch.Tensor, num_in: int, num_out: int, bounded: bool):
-    _check(out_in.dtype == torch.int32 and out_in.dim() == 2,
-           f"out_in must be an int32 [rows, K] map, got {_dtype_name(out_in.dtype)} {list(out_in.shape)}")
-    _check(num_in >= 0 and num_out >= 0, f"num_in and num_out must be >= 0, got {num_in} and {num_out}")
-    _check_rows(num_in, "num_in")
-    _check_rows(num_out, "num_out")
-    _check(num_out <= out_in.shape[0], f"num_out ({num_out}) exceeds the rows of out_in ({out_in.shape[0]})")
+    torch_ops._check_pairs_arguments(out_in, num_in, num_out)
     K, device = out_in.shape[1], out_in.device
     if num_out == 0 or K == 0:
         empty = torch.empty(0, dtype=torch.int32, device=device)
